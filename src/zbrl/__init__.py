@@ -1,0 +1,3 @@
+"""zbrl: zero-bubble RL post-training of language models with verifiable rewards."""
+
+__version__ = "0.1.0"

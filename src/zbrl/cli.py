@@ -1,0 +1,104 @@
+"""Command line: ``zbrl train|demo|eval|report|validate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# recipes/ lives at the repository root (DESIGN.md §2); zbrl is installed from a checkout.
+DEMO_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from zbrl.config import load_config, resolved_yaml
+
+    cfg = load_config(args.recipe, args.overrides)
+    sys.stdout.write(resolved_yaml(cfg))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from zbrl.config import load_config
+    from zbrl.launch.driver import run_training
+
+    cfg = load_config(args.recipe, args.overrides)
+    if args.ray_address:
+        cfg.launch.ray_address = args.ray_address
+    summary = run_training(cfg)
+    print(f"run finished: {summary['steps']} steps in {summary['wall_s']:.1f}s -> {cfg.run_dir}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    args.recipe = str(DEMO_RECIPE)
+    return _cmd_train(args)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from zbrl.telemetry.report import render_report
+
+    print(render_report(args.run_dir))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from zbrl.evaluation.cli import run_eval_command
+
+    return run_eval_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zbrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="print the fully resolved config of a recipe")
+    p.add_argument("recipe", help="YAML recipe")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=1e-5")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("train", help="run RL training from a recipe")
+    p.add_argument("recipe", help="YAML recipe")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=1e-5")
+    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("demo", help="run the embedded CPU demo (recipes/demo.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides")
+    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("report", help="print the busy/idle table and write report.png")
+    p.add_argument("run_dir", help="a finished run directory")
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("eval", help="evaluate a saved checkpoint on a dataset")
+    p.add_argument("--model", required=True, help="HF model directory")
+    p.add_argument("--data", required=True, action="append", help="dataset file (NAME=PATH ok)")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--reward", default="think_answer_tags", help="reward type")
+    p.add_argument("--temperature", type=float, default=0.6, help="0 for greedy")
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-prompts", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", default=None, help="directory for per-sample JSONL")
+    p.set_defaults(func=_cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from zbrl.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Typed run configuration (pydantic v2). Imports no torch, ray or transformers."""
+
+from zbrl.config.algorithm import AlgorithmConfig, LrScheduleConfig
+from zbrl.config.data import DataConfig, SyntheticTaskConfig
+from zbrl.config.evaluation import EvalConfig
+from zbrl.config.launch import LaunchConfig, ParallelConfig
+from zbrl.config.loader import (
+    ConfigError,
+    apply_overrides,
+    build_config,
+    load_config,
+    read_recipe,
+    resolved_yaml,
+)
+from zbrl.config.logging import LoggingConfig
+from zbrl.config.model import EMBEDDED, ModelConfig, WarmStartConfig
+from zbrl.config.presets import PRESETS
+from zbrl.config.rewards import ExtraReward, RewardConfig, SandboxConfig
+from zbrl.config.rollout import GenerationConfig, RolloutConfig, TemperatureSchedule
+from zbrl.config.run import RunConfig
+from zbrl.config.training import TrainingConfig
+from zbrl.config.transport import BroadcastSync, ObjectStoreSync, TransportConfig
+
+__all__ = [
+    "EMBEDDED",
+    "PRESETS",
+    "AlgorithmConfig",
+    "BroadcastSync",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "ExtraReward",
+    "GenerationConfig",
+    "LaunchConfig",
+    "LoggingConfig",
+    "LrScheduleConfig",
+    "ModelConfig",
+    "ObjectStoreSync",
+    "ParallelConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SandboxConfig",
+    "SyntheticTaskConfig",
+    "TemperatureSchedule",
+    "TrainingConfig",
+    "TransportConfig",
+    "WarmStartConfig",
+    "apply_overrides",
+    "build_config",
+    "load_config",
+    "read_recipe",
+    "resolved_yaml",
+]

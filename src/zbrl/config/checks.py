@@ -1,0 +1,120 @@
+"""Cross-section checks of a RunConfig: each a small named function whose error says the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from zbrl.config.algorithm import GROUP_ESTIMATORS
+
+if TYPE_CHECKING:
+    from zbrl.config.run import RunConfig
+
+
+def check_train_batching(cfg: RunConfig) -> None:
+    t = cfg.training
+    minibatch = t.train_minibatch_size or t.train_batch_size
+    if t.train_batch_size % minibatch:
+        raise ValueError(
+            f"training.train_batch_size ({t.train_batch_size}) is not divisible by "
+            f"training.train_minibatch_size ({minibatch}); pick a minibatch size that divides it"
+        )
+    rows = minibatch * cfg.rollout.generation.num_generations
+    if t.train_microbatch_size > rows:
+        raise ValueError(
+            f"training.train_microbatch_size ({t.train_microbatch_size}) exceeds the sequences of "
+            f"one optimizer step ({minibatch} groups x G={cfg.rollout.generation.num_generations}"
+            f" = {rows}); lower it to at most {rows}"
+        )
+    if rows % t.train_microbatch_size:
+        raise ValueError(
+            f"the sequences of one optimizer step ({minibatch} groups x "
+            f"G={cfg.rollout.generation.num_generations} = {rows}) are not divisible by "
+            f"training.train_microbatch_size ({t.train_microbatch_size}); choose a divisor of {rows}"
+        )
+    consumers = cfg.launch.num_consumers
+    if t.train_batch_size % consumers:
+        raise ValueError(
+            f"training.train_batch_size ({t.train_batch_size}) is not divisible by "
+            f"launch.num_consumers ({consumers}); each consumer needs the same number of groups"
+        )
+
+
+def check_inference_batching(cfg: RunConfig) -> None:
+    r = cfg.rollout
+    if r.inference_batch_size % r.inference_microbatch_size:
+        raise ValueError(
+            f"rollout.inference_batch_size ({r.inference_batch_size}) is not divisible by "
+            f"rollout.inference_microbatch_size ({r.inference_microbatch_size}); "
+            "choose a micro-batch size that divides it"
+        )
+
+
+def check_group_size(cfg: RunConfig) -> None:
+    g = cfg.rollout.generation.num_generations
+    a = cfg.algorithm
+    needs_group = a.advantage in GROUP_ESTIMATORS or (
+        a.advantage == "reinforce_pp" and a.reinforce_group_baseline
+    )
+    if g < 2 and needs_group:
+        raise ValueError(
+            f"algorithm.advantage={a.advantage!r} compares completions within a group, but "
+            f"rollout.generation.num_generations is {g}: every advantage would be 0. Set "
+            "num_generations >= 2, or use advantage=reinforce_pp with reinforce_group_baseline=false"
+        )
+
+
+def check_length_shaping(cfg: RunConfig) -> None:
+    rw = cfg.reward
+    budget = cfg.rollout.generation.max_new_tokens
+    if not rw.soft_overlong_punishment:
+        return
+    if rw.cache_length is not None and rw.cache_length >= budget:
+        raise ValueError(
+            f"reward.cache_length ({rw.cache_length}) must be smaller than "
+            f"rollout.generation.max_new_tokens ({budget}); DAPO uses min(1024, max_new_tokens/4)"
+        )
+    floor = rw.wrong_reward - rw.overlong_penalty
+    if rw.truncated_reward is not None and rw.truncated_reward > floor:
+        raise ValueError(
+            f"reward.truncated_reward ({rw.truncated_reward}) would score a truncated response "
+            f"better than one just under the limit ({floor}); set it to at most {floor}"
+        )
+
+
+def check_topology(cfg: RunConfig) -> None:
+    la = cfg.launch
+    if la.parallel.dp_size != la.num_consumers:
+        raise ValueError(
+            f"launch.parallel.dp_size ({la.parallel.dp_size}) must equal launch.num_consumers "
+            f"({la.num_consumers}): each data-parallel replica is one consumer"
+        )
+    if la.num_consumers > 1 or la.parallel.fsdp_size > 1 or la.parallel.tp_size > 1:
+        raise ValueError(
+            "multi-consumer training (launch.num_consumers > 1, fsdp_size or tp_size > 1) needs the "
+            "data-parallel engine, which this version does not ship yet; set num_consumers=1"
+        )
+    if cfg.rollout.backend.type == "vllm" and la.producer_num_gpus <= 0:
+        raise ValueError(
+            "rollout.backend.type=vllm needs a GPU per producer; set launch.producer_num_gpus "
+            "(for example 1) or use rollout.backend.type=transformers"
+        )
+
+
+def check_staleness_buffer(cfg: RunConfig) -> None:
+    cap = cfg.transport.buffer_capacity
+    if cap is not None and cap < cfg.training.train_batch_size:
+        raise ValueError(
+            f"transport.buffer_capacity ({cap}) is smaller than training.train_batch_size "
+            f"({cfg.training.train_batch_size}); the consumer could never fill a batch"
+        )
+
+
+RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
+    check_train_batching,
+    check_inference_batching,
+    check_group_size,
+    check_length_shaping,
+    check_topology,
+    check_staleness_buffer,
+)

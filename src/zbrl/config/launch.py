@@ -1,0 +1,43 @@
+"""Topology and placement of the workers."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from zbrl.config.base import Section
+
+
+class ParallelConfig(Section):
+    """Parallelism of the training consumers."""
+
+    dp_size: int = Field(default=1, ge=1)
+    """Data-parallel replicas (one consumer each)."""
+    fsdp_size: int = Field(default=1, ge=1)
+    """FSDP shard group size inside each data-parallel replica."""
+    tp_size: int = Field(default=1, ge=1)
+    """Tensor-parallel degree of the trained model."""
+
+
+class LaunchConfig(Section):
+    """How many workers run where."""
+
+    num_producers: int = Field(default=1, ge=1)
+    """Rollout producers (each owns a disjoint shard of the prompts)."""
+    num_consumers: int = Field(default=1, ge=1)
+    """Training consumers."""
+    ray_address: str | None = None
+    """Address of an existing Ray cluster; None starts a local one on loopback."""
+    producer_num_cpus: float = Field(default=1.0, gt=0)
+    """CPUs reserved per producer."""
+    consumer_num_cpus: float = Field(default=1.0, gt=0)
+    """CPUs reserved per consumer."""
+    producer_num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs per producer (0 on CPU-only machines)."""
+    consumer_num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs per consumer (0 on CPU-only machines)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """torch intra-op threads in each worker."""
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    """Training parallelism."""
+    actor_failure_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds to wait for workers to stop after a failure before killing them."""

@@ -1,0 +1,32 @@
+"""Where results go and how often."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from zbrl.config.base import Section
+
+
+class LoggingConfig(Section):
+    """Run directory, checkpoints and metric sinks."""
+
+    run_dir: str = "runs/{name}"
+    """Output directory; ``{name}`` is replaced by the run name."""
+    cache_dir: str = ".cache/zbrl"
+    """Cache of built artefacts (embedded model, warm start)."""
+    save_interval: int = Field(default=0, ge=0)
+    """Save an HF checkpoint every N training steps (0: only at the end)."""
+    save_final: bool = True
+    """Save an HF checkpoint at the end of the run."""
+    log_rollout_interval: int = Field(default=20, ge=0)
+    """Append decoded samples to rollouts.jsonl every N steps (0 disables)."""
+    rollouts_per_log: int = Field(default=4, ge=1)
+    """Groups decoded into rollouts.jsonl each time."""
+    wandb: bool = False
+    """Log metrics to Weights & Biases (needs ``pip install wandb``)."""
+    wandb_project: str = "zbrl"
+    """Weights & Biases project."""
+    tensorboard: bool = False
+    """Log metrics to TensorBoard under RUN_DIR/tb (needs ``pip install tensorboard``)."""
+    progress: bool = True
+    """Show a progress bar on the driver."""

@@ -1,0 +1,73 @@
+"""Generation: sampling parameters, inference batching and the inference backend."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from zbrl.config.base import Section
+
+
+class TemperatureSchedule(Section):
+    """Linear annealing of the sampling temperature over the first epoch."""
+
+    final: float = Field(gt=0)
+    """Temperature reached at the end of the annealing."""
+    over_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of the first epoch's prompts over which the temperature moves to ``final``."""
+
+
+class GenerationConfig(Section):
+    """Sampling parameters of training rollouts."""
+
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature; the trainer divides logits by the temperature each sample used."""
+    temperature_schedule: TemperatureSchedule | None = None
+    """Optional annealing of the temperature; None keeps it constant."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = Field(default=-1, ge=-1)
+    """Top-k sampling; -1 disables it."""
+    max_new_tokens: int = Field(default=1024, ge=1)
+    """Generation budget per response."""
+    stop_strings: list[str] = Field(default_factory=list)
+    """Strings that end a response (kept in the response); EOS always ends it."""
+    num_generations: int = Field(default=8, ge=1)
+    """Completions per prompt (the group size G)."""
+
+
+class TransformersBackend(Section):
+    """Generation with transformers ``generate`` (CPU or GPU)."""
+
+    type: Literal["transformers"] = "transformers"
+    """Backend discriminator."""
+
+
+class VllmBackend(Section):
+    """Generation with vLLM (GPU only; install the ``vllm`` extra)."""
+
+    type: Literal["vllm"] = "vllm"
+    """Backend discriminator."""
+    gpu_memory_utilization: float = Field(default=0.7, gt=0, le=1)
+    """Fraction of GPU memory vLLM may take."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM tensor-parallel degree of one producer."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs (faster start-up, slower decoding)."""
+
+
+Backend = Annotated[TransformersBackend | VllmBackend, Field(discriminator="type")]
+
+
+class RolloutConfig(Section):
+    """The producers' generation work."""
+
+    backend: Backend = Field(default_factory=TransformersBackend)
+    """Inference engine: ``transformers`` or ``vllm``."""
+    inference_batch_size: int = Field(default=8, ge=1)
+    """Prompts per producer iteration; new weights are swapped in between iterations."""
+    inference_microbatch_size: int = Field(default=8, ge=1)
+    """Prompts per generate call (times G sequences)."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """Sampling parameters."""

@@ -1,0 +1,33 @@
+"""Prompt datasets: loading and validation, prompt templates and encoding, sharded sampling."""
+
+from zbrl.data.dataset import (
+    ANSWER_FIELDS,
+    ROLES,
+    DatasetError,
+    LoadReport,
+    PromptExample,
+    load_examples,
+)
+from zbrl.data.prompts import (
+    DEFAULT_SYSTEM_PROMPTS,
+    PromptEncoder,
+    as_token_ids,
+    build_messages,
+)
+from zbrl.data.sampler import ShardedSampler
+
+__all__ = [
+    "ANSWER_FIELDS",
+    "DEFAULT_SYSTEM_PROMPTS",
+    "ROLES",
+    "DatasetError",
+    "LoadReport",
+    "PromptEncoder",
+    "PromptExample",
+    "ShardedSampler",
+    "as_token_ids",
+    "build_messages",
+    "load_examples",
+]
+
+# Synthetic tasks (zbrl.data.synthetic) are exported below by their own module's owner.

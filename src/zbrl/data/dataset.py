@@ -1,0 +1,458 @@
+"""User prompt datasets: conversation JSONL or Parquet files, validated line by line.
+
+One line (or Parquet row) is one prompt::
+
+    {"messages": [{"role": "user", "content": "What is 2+3?"}], "gt_answer": "5"}
+    {"messages": {"role": "user", "content": "Read n, print n*2."},
+     "test_cases": {"inputs": ["3\\n"], "outputs": ["6\\n"]}}
+
+``messages`` is a list of ``{"role", "content"}`` objects or a single such object. Math rewards
+(``think_answer_tags``, ``boxed``) score against ``gt_answer``; the ``code`` reward runs
+``test_cases``. :func:`load_examples` checks every line and raises :class:`DatasetError` naming the
+file, the line and the fix, or (with ``skip_bad_lines=True``) skips bad lines and reports them.
+See ``docs/datasets.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+AnswerField = Literal["gt_answer", "test_cases"]
+ANSWER_FIELDS: tuple[str, ...] = ("gt_answer", "test_cases")
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+JSONL_SUFFIXES: tuple[str, ...] = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES: tuple[str, ...] = (".parquet",)
+TEST_CASE_KEYS: tuple[str, ...] = ("inputs", "outputs", "fn_name")
+
+_NEEDED_BY = {
+    "gt_answer": "the math rewards (think_answer_tags, boxed) score against it",
+    "test_cases": "the code reward runs the program against it",
+}
+_ANSWER_EXAMPLE = {
+    "gt_answer": '"gt_answer": "42"',
+    "test_cases": '"test_cases": {"inputs": ["1 2\\n"], "outputs": ["3\\n"]}',
+}
+
+
+class DatasetError(ValueError):
+    """Bad dataset input. The message names the file, the line (or Parquet row) and the fix."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        """The dataset file, when known."""
+        self.line = line
+        """1-based line (JSONL) or row (Parquet) number, when the error is about one line."""
+        self.reason = reason
+        """The problem and its fix, without the location prefix."""
+
+
+class _RowError(Exception):
+    """A problem with one line; the loader adds the file and line and turns it into DatasetError."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """One validated prompt of a dataset."""
+
+    uid: str
+    """Stable id: ``"<file stem>:<line>"`` (Parquet: row number counted from 1)."""
+    messages: tuple[dict[str, str], ...]
+    """The conversation, each message exactly ``{"role", "content"}``."""
+    gt_answer: str | None
+    """Reference answer for math rewards (None when loaded for ``test_cases``)."""
+    test_cases: dict[str, Any] | None
+    """``{"inputs": [str], "outputs": [str], optional "fn_name": str}`` for the code reward."""
+    source: str
+    """Where the example came from: ``"<path>:<line>"``."""
+
+    def to_example(self) -> dict[str, Any]:
+        """The mapping a reward function receives: ``messages``, ``gt_answer``, ``test_cases``.
+
+        The result is a fresh copy; callers may mutate it.
+        """
+        return {
+            "messages": [dict(m) for m in self.messages],
+            "gt_answer": self.gt_answer,
+            "test_cases": copy.deepcopy(self.test_cases),
+        }
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_examples` read: the usable examples and the skipped lines."""
+
+    examples: list[PromptExample]
+    """Usable examples in file order."""
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """``(source, reason)`` for each skipped line (only with ``skip_bad_lines=True``)."""
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+    def summary(self, max_reasons: int = 3) -> str:
+        """One line: how many examples were loaded and skipped, with the first few reasons."""
+        text = f"loaded {len(self.examples)} examples, skipped {self.num_skipped} bad lines"
+        if self.skipped:
+            text += "; first: " + _format_reasons(self.skipped, max_reasons)
+        return text
+
+
+def load_examples(
+    path: str | Path,
+    *,
+    answer_field: AnswerField,
+    skip_bad_lines: bool = False,
+) -> LoadReport:
+    """Load and validate a JSONL (``.jsonl``/``.ndjson``) or Parquet (``.parquet``) dataset.
+
+    ``answer_field`` is the field the chosen reward needs: ``"gt_answer"`` for math rewards,
+    ``"test_cases"`` for code; the other field is ignored. Blank JSONL lines are ignored. A bad
+    line raises :class:`DatasetError` naming the file, the line and the fix; with
+    ``skip_bad_lines=True`` bad lines are skipped, logged (count and first reasons) and listed in
+    :attr:`LoadReport.skipped`. A file that yields no usable example always raises.
+    """
+    if answer_field not in ANSWER_FIELDS:
+        raise ValueError(
+            f"answer_field must be one of {', '.join(ANSWER_FIELDS)}, got {answer_field!r}"
+        )
+    path = Path(path)
+    rows, unit = _open_rows(path)
+    examples: list[PromptExample] = []
+    skipped: list[tuple[str, str]] = []
+    for number, row in rows:
+        source = f"{path}:{number}"
+        try:
+            examples.append(_build_example(row, path, number, answer_field))
+        except _RowError as exc:
+            reason = str(exc)
+            if not skip_bad_lines:
+                raise DatasetError(
+                    f"{path} {unit} {number}: {reason}",
+                    path=str(path),
+                    line=number,
+                    reason=reason,
+                ) from None
+            skipped.append((source, reason))
+    report = LoadReport(examples=examples, skipped=skipped)
+    if not examples:
+        message = f"no usable examples in {path} ({len(skipped)} lines skipped)"
+        if skipped:
+            message += "; first: " + _format_reasons(skipped, 3)
+        else:
+            message += f". Fix: the file has no non-blank {unit}s; add one JSON object per line"
+        raise DatasetError(message, path=str(path))
+    if skipped:
+        logger.warning("%s: %s", path, report.summary())
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading rows
+
+
+def _open_rows(path: Path) -> tuple[Iterator[tuple[int, Any]], str]:
+    """Check the file and return an iterator of ``(1-based number, row)`` and the unit name."""
+    if not path.exists():
+        raise DatasetError(
+            f"dataset file {path} does not exist. Fix: check the path "
+            f"(relative paths are resolved from {os.getcwd()})",
+            path=str(path),
+        )
+    if not path.is_file():
+        raise DatasetError(
+            f"dataset path {path} is not a file. Fix: point at one .jsonl or .parquet file",
+            path=str(path),
+        )
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return _iter_jsonl(path), "line"
+    if suffix in PARQUET_SUFFIXES:
+        return _iter_parquet(path), "row"
+    supported = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+    raise DatasetError(
+        f"unsupported dataset file extension {path.suffix or '(none)'!r} for {path}. Fix: write "
+        f"the data as JSONL (one JSON object per line) or Parquet; supported: {supported}",
+        path=str(path),
+    )
+
+
+class _BadLine:
+    """Marker row for a line that could not be decoded; carries the error to raise or skip."""
+
+    def __init__(self, error: _RowError) -> None:
+        self.error = error
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, _BadLine(
+                    _RowError(
+                        f"the line is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                        "save the file as UTF-8",
+                    )
+                )
+                continue
+            if not text.strip():
+                continue
+            try:
+                yield number, json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield number, _BadLine(
+                    _RowError(
+                        f"invalid JSON ({exc.msg} at column {exc.colno})",
+                        "write exactly one complete JSON object per line (an object must not "
+                        "span several lines; strings use double quotes)",
+                    )
+                )
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        number = 0
+        for batch in parquet.iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(
+            f"cannot read {path} as Parquet ({exc}). Fix: check that the file is a complete "
+            f"Parquet file (e.g. written with pyarrow.parquet.write_table)",
+            path=str(path),
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Validating one row
+
+
+def _build_example(row: Any, path: Path, number: int, answer_field: str) -> PromptExample:
+    if isinstance(row, _BadLine):
+        raise row.error
+    if not isinstance(row, dict):
+        raise _RowError(
+            f"expected a JSON object, got {_type_name(row)}",
+            'write one object per line, e.g. {"messages": [{"role": "user", "content": "..."}], '
+            + _ANSWER_EXAMPLE[answer_field]
+            + "}",
+        )
+    messages = _parse_messages(row)
+    gt_answer = _parse_gt_answer(row) if answer_field == "gt_answer" else None
+    test_cases = _parse_test_cases(row) if answer_field == "test_cases" else None
+    return PromptExample(
+        uid=f"{path.stem}:{number}",
+        messages=messages,
+        gt_answer=gt_answer,
+        test_cases=test_cases,
+        source=f"{path}:{number}",
+    )
+
+
+def _parse_messages(row: dict[str, Any]) -> tuple[dict[str, str], ...]:
+    raw = row["messages"] if "messages" in row else None
+    if raw is None:
+        raise _RowError(
+            "'messages' is missing",
+            'add "messages": [{"role": "user", "content": "<the prompt>"}] (a list of '
+            "{role, content} objects, or one such object)",
+        )
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise _RowError(
+            f"'messages' must be a list of {{role, content}} objects or one such object, "
+            f"got {_type_name(raw)}",
+            'write "messages": [{"role": "user", "content": "<the prompt>"}]',
+        )
+    if not raw:
+        raise _RowError(
+            "'messages' is empty",
+            'give at least one message: [{"role": "user", "content": "<the prompt>"}]',
+        )
+    messages = tuple(_parse_message(i, m) for i, m in enumerate(raw, start=1))
+    if not any(m["role"] == "user" for m in messages):
+        raise _RowError(
+            "'messages' has no user message",
+            'add {"role": "user", "content": "<the prompt>"}',
+        )
+    return messages
+
+
+def _parse_message(index: int, message: Any) -> dict[str, str]:
+    where = f"message {index}"
+    if not isinstance(message, dict):
+        raise _RowError(
+            f"{where} must be an object with 'role' and 'content', got {_type_name(message)}",
+            'write each message as {"role": "user", "content": "..."}',
+        )
+    role = message["role"] if "role" in message else None
+    if role is None:
+        raise _RowError(
+            f"{where} has no 'role'",
+            f'add "role": one of {", ".join(ROLES)}',
+        )
+    if not isinstance(role, str) or role not in ROLES:
+        raise _RowError(
+            f"{where} has unknown role {role!r}",
+            f"use one of the allowed roles: {', '.join(ROLES)}",
+        )
+    content = message["content"] if "content" in message else None
+    if content is None:
+        raise _RowError(
+            f"{where} ({role}) has no 'content'",
+            'add "content": "<text>" to the message',
+        )
+    if not isinstance(content, str):
+        raise _RowError(
+            f"content of {where} ({role}) must be a string, got {_type_name(content)}",
+            "give the content as one string (lists of content parts are not supported; "
+            "join the text parts)",
+        )
+    if not content.strip():
+        raise _RowError(
+            f"content of {where} ({role}) is empty or whitespace",
+            "give the message some text, or remove it",
+        )
+    return {"role": role, "content": content}
+
+
+def _missing_answer(name: str) -> _RowError:
+    other = "test_cases" if name == "gt_answer" else "gt_answer"
+    return _RowError(
+        f"'{name}' is missing; {_NEEDED_BY[name]}",
+        f"add {_ANSWER_EXAMPLE[name]} to every line, or choose a reward that uses '{other}'",
+    )
+
+
+def _parse_gt_answer(row: dict[str, Any]) -> str:
+    value = row["gt_answer"] if "gt_answer" in row else None
+    if value is None:
+        raise _missing_answer("gt_answer")
+    if isinstance(value, bool):
+        raise _RowError(
+            f"'gt_answer' must be a string or a number, got a boolean ({value})",
+            'write the answer as a string, e.g. "gt_answer": "True"',
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _RowError(
+            f"'gt_answer' is not a finite number ({value})",
+            "write the answer as a string",
+        )
+    if isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, str):
+        raise _RowError(
+            f"'gt_answer' must be a string or a number, got {_type_name(value)}",
+            'write the final answer as one string, e.g. "gt_answer": "\\\\frac{1}{2}"',
+        )
+    if not value.strip():
+        raise _RowError(
+            "'gt_answer' is empty",
+            "give the reference final answer (a string such as \"42\")",
+        )
+    return value
+
+
+def _parse_test_cases(row: dict[str, Any]) -> dict[str, Any]:
+    value = row["test_cases"] if "test_cases" in row else None
+    if value is None:
+        raise _missing_answer("test_cases")
+    fix = 'write "test_cases": {"inputs": ["<stdin>", ...], "outputs": ["<stdout>", ...]}'
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise _RowError(
+                f"'test_cases' is a string but not valid JSON ({exc.msg} at column {exc.colno})",
+                fix + " as an object or as a JSON string of that object",
+            ) from None
+    if not isinstance(value, dict):
+        raise _RowError(f"'test_cases' must be an object, got {_type_name(value)}", fix)
+    unknown = sorted(str(k) for k in value if k not in TEST_CASE_KEYS)
+    if unknown:
+        raise _RowError(
+            f"'test_cases' has unknown key(s) {', '.join(map(repr, unknown))}",
+            f"use only {', '.join(TEST_CASE_KEYS)}",
+        )
+    cases: dict[str, Any] = {}
+    for key in ("inputs", "outputs"):
+        items = value[key] if key in value else None
+        if items is None:
+            raise _RowError(f"'test_cases' has no '{key}' list", fix)
+        if not isinstance(items, list):
+            raise _RowError(
+                f"'test_cases.{key}' must be a list of strings, got {_type_name(items)}", fix
+            )
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise _RowError(
+                    f"'test_cases.{key}[{i}]' must be a string, got {_type_name(item)}",
+                    "write every input and expected output as a string (e.g. json.dumps "
+                    "non-string values)",
+                )
+        cases[key] = list(items)
+    if not cases["inputs"]:
+        raise _RowError("'test_cases.inputs' is empty", "give at least one test case")
+    if len(cases["inputs"]) != len(cases["outputs"]):
+        raise _RowError(
+            f"'test_cases.inputs' has {len(cases['inputs'])} items but 'test_cases.outputs' has "
+            f"{len(cases['outputs'])}",
+            "give exactly one expected output per input",
+        )
+    fn_name = value["fn_name"] if "fn_name" in value else None
+    if fn_name is not None:
+        if not isinstance(fn_name, str) or not fn_name.strip():
+            raise _RowError(
+                f"'test_cases.fn_name' must be a non-empty string, got {fn_name!r}",
+                "give the name of the function to call, or leave fn_name out for stdin/stdout "
+                "programs",
+            )
+        cases["fn_name"] = fn_name
+    return cases
+
+
+def _type_name(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    if type(value) in names:
+        return names[type(value)]
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    return type(value).__name__
+
+
+def _format_reasons(skipped: list[tuple[str, str]], limit: int) -> str:
+    text = "; ".join(f"{source}: {reason}" for source, reason in skipped[:limit])
+    if len(skipped) > limit:
+        text += f"; ... and {len(skipped) - limit} more"
+    return text

@@ -1,0 +1,84 @@
+"""The public reward API: what a reward function receives and returns.
+
+A reward function scores one decoded response against the dataset example it answers. Reward
+functions are plain callables or classes with ``score``/``score_batch``; they are registered by
+name in :mod:`zbrl.rewards.registry`, and users plug in their own by ``module:function`` path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class RewardContext:
+    """What the scorer knows about a response besides its text."""
+
+    response_tokens: int
+    """Number of generated tokens (including EOS / stop string)."""
+    max_new_tokens: int
+    """The generation limit the response was sampled under."""
+    truncated: bool = False
+    """True when generation stopped at ``max_new_tokens`` without EOS or a stop string."""
+    eval_mode: bool = False
+    """Evaluation scoring: no length shaping; answer credit does not require valid format."""
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The score of one response."""
+
+    reward: float
+    """Scalar training reward."""
+    format_acc: float
+    """1.0 when the response has the required format, else 0.0."""
+    ans_acc: float
+    """Answer accuracy in [0, 1] (1.0 correct; pass fraction for code)."""
+    parsed: str | None = None
+    """The extracted answer or program, or None when nothing could be extracted."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Reward-specific details (per-test results for code, failure reasons, ...)."""
+
+
+Example = Mapping[str, Any]
+"""One dataset row: ``messages`` plus ``gt_answer`` (math) or ``test_cases`` (code)."""
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """A reward: scores one response, and a batch (the default loops over ``score``)."""
+
+    name: str
+
+    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult: ...
+
+    def score_batch(
+        self,
+        responses: Sequence[str],
+        examples: Sequence[Example],
+        contexts: Sequence[RewardContext],
+    ) -> list[RewardResult]: ...
+
+
+class BaseReward:
+    """Convenience base class: subclasses implement ``score``; ``score_batch`` loops."""
+
+    name: str = "base"
+
+    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
+        raise NotImplementedError
+
+    def score_batch(
+        self,
+        responses: Sequence[str],
+        examples: Sequence[Example],
+        contexts: Sequence[RewardContext],
+    ) -> list[RewardResult]:
+        if not (len(responses) == len(examples) == len(contexts)):
+            raise ValueError(
+                f"score_batch got {len(responses)} responses, {len(examples)} examples and "
+                f"{len(contexts)} contexts; pass one example and one context per response"
+            )
+        return [self.score(r, e, c) for r, e, c in zip(responses, examples, contexts)]

@@ -1,0 +1,193 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zbrl.cli import main
+from zbrl.config import (
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    load_config,
+    read_recipe,
+    resolved_yaml,
+)
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+
+
+def test_config_imports_no_heavy_frameworks():
+    code = (
+        "import sys, zbrl.config\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'ray', 'transformers'))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
+def test_every_recipe_parses(recipe):
+    cfg = load_config(recipe)
+    assert isinstance(cfg, RunConfig)
+    # the resolved config round-trips through YAML into the same config
+    again = RunConfig.model_validate(yaml.safe_load(resolved_yaml(cfg)))
+    assert again == cfg
+
+
+def test_recipes_exist():
+    assert any(p.name == "demo.yaml" for p in RECIPES)
+
+
+def test_seed_defaults():
+    cfg = RunConfig()
+    a = cfg.algorithm
+    assert a.lr == 1e-6 and a.clip_eps_low == 0.2 and a.clip_eps_high == 0.2
+    assert a.dual_clip_c is None and a.max_norm == 1.0
+    assert cfg.rollout.generation.temperature == 1.0 and cfg.rollout.generation.top_k == -1
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_expand_into_fields(name):
+    cfg = load_config(None, [f"algorithm.preset={name}"])
+    for section, values in PRESETS[name].items():
+        resolved = getattr(cfg, section).model_dump(mode="json")
+        for key, value in values.items():
+            expected = list(value) if isinstance(value, tuple) else value
+            assert resolved[key] == expected, (section, key)
+
+
+def test_dapo_preset_values_and_explicit_override_wins():
+    cfg = load_config(None, ["algorithm.preset=dapo", "algorithm.clip_eps_high=0.3"])
+    assert cfg.algorithm.clip_eps_high == 0.3  # explicit beats preset
+    assert cfg.algorithm.filter_range == (0.01, 0.99)
+    assert cfg.algorithm.loss_aggregation == "token-mean"
+    assert cfg.reward.soft_overlong_punishment is True
+    text = resolved_yaml(cfg)
+    assert "preset: dapo" in text and "clip_eps_high: 0.3" in text
+
+
+def test_overrides_parse_yaml_values():
+    raw = apply_overrides({}, ["a.b=3", "a.c=[1, 2]", "d=true", "e.f=hello"])
+    assert raw == {"a": {"b": 3, "c": [1, 2]}, "d": True, "e": {"f": "hello"}}
+
+
+def test_override_without_equals_is_an_error():
+    with pytest.raises(ConfigError, match="section.field=value"):
+        apply_overrides({}, ["algorithm.lr"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["algorithm.clip_eps_low=1.5"], ["algorithm.clip_eps_low", "1.5", "below 1"]),
+        (["algorithm.foo=1"], ["algorithm.foo", "unknown field", "clip_eps_low"]),
+        (
+            ["training.train_batch_size=8", "training.train_microbatch_size=7"],
+            ["train_microbatch_size", "not divisible", "divisor of 64"],
+        ),
+        (
+            ["training.train_batch_size=6", "training.train_minibatch_size=4"],
+            ["train_minibatch_size", "not divisible"],
+        ),
+        (
+            ["rollout.generation.num_generations=1", "training.train_microbatch_size=1"],
+            ["num_generations", "num_generations >= 2"],
+        ),
+        (
+            ["rollout.inference_batch_size=6", "rollout.inference_microbatch_size=4"],
+            ["inference_batch_size", "divides"],
+        ),
+        (["algorithm.filter_range=[0.9, 0.1]"], ["filter_range", "low < high"]),
+        (["algorithm.dual_clip_c=0.5"], ["dual_clip_c", "above 1"]),
+        (["algorithm.kl_estimator=k9"], ["kl_estimator", "k3"]),
+        (["rollout.backend.type=sglang"], ["backend", "transformers"]),
+        (
+            [
+                "reward.soft_overlong_punishment=true",
+                "reward.cache_length=64",
+                "rollout.generation.max_new_tokens=32",
+            ],
+            ["cache_length", "max_new_tokens"],
+        ),
+        (
+            ["reward.soft_overlong_punishment=true", "reward.truncated_reward=0.5"],
+            ["truncated_reward", "at most -1.0"],
+        ),
+        (["rollout.backend.type=vllm"], ["producer_num_gpus"]),
+        (["transport.buffer_capacity=2"], ["buffer_capacity", "train_batch_size"]),
+        (["launch.num_consumers=2", "launch.parallel.dp_size=2"], ["num_consumers=1"]),
+    ],
+)
+def test_bad_values_name_the_field_and_the_fix(overrides, needles):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_group_estimator_allows_g1_with_plain_reinforce():
+    cfg = load_config(
+        None,
+        [
+            "rollout.generation.num_generations=1",
+            "training.train_microbatch_size=1",
+            "algorithm.advantage=reinforce_pp",
+            "algorithm.reinforce_group_baseline=false",
+        ],
+    )
+    assert cfg.rollout.generation.num_generations == 1
+
+
+def test_derived_values():
+    cfg = load_config(None, ["name=abc", "rollout.generation.max_new_tokens=100"])
+    assert cfg.run_dir == "runs/abc"
+    assert cfg.cache_length == 25
+    assert cfg.minibatch_size == cfg.training.train_batch_size
+
+
+def test_every_field_has_a_docstring():
+    missing = []
+
+    def walk(model, prefix):
+        for name, field in model.model_fields.items():
+            if not field.description:
+                missing.append(prefix + name)
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann, prefix + name + ".")
+
+    walk(RunConfig, "")
+    assert missing == []
+
+
+def test_yaml_error_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nalgorithm:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
+        read_recipe(bad)
+
+
+def test_missing_recipe_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        read_recipe(tmp_path / "nope.yaml")
+
+
+def test_validate_cli_prints_resolved_config(capsys):
+    demo = next(p for p in RECIPES if p.name == "demo.yaml")
+    assert main(["validate", str(demo), "algorithm.lr=0.001"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["algorithm"]["lr"] == 0.001
+    assert out["algorithm"]["preset"] == "grpo"
+
+
+def test_validate_cli_bad_value_exits_nonzero(capsys):
+    demo = next(p for p in RECIPES if p.name == "demo.yaml")
+    assert main(["validate", str(demo), "algorithm.clip_eps_low=1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.clip_eps_low" in err and "1.5" in err
