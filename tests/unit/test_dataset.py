@@ -16,6 +16,7 @@ from zbrl.data import (
     as_token_ids,
     build_messages,
     load_examples,
+    resolve_system_prompt,
 )
 
 USER = {"role": "user", "content": "What is 2 + 3 ?"}
@@ -367,6 +368,13 @@ def test_default_system_prompts_describe_each_format():
     assert all(t in tags for t in ("<think>", "</think>", "<answer>", "</answer>"))
     assert "\\boxed{" in DEFAULT_SYSTEM_PROMPTS["boxed"]
     assert "```python" in DEFAULT_SYSTEM_PROMPTS["code"]
+
+
+def test_resolve_system_prompt():
+    assert resolve_system_prompt(None, "boxed") == DEFAULT_SYSTEM_PROMPTS["boxed"]
+    assert resolve_system_prompt("be brief .", "boxed") == "be brief ."
+    assert resolve_system_prompt("", "boxed") is None
+    assert resolve_system_prompt(None, "my.module:reward") is None
 
 
 def test_build_messages_prepends_system_prompt():

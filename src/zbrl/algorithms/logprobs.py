@@ -70,10 +70,10 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
             if want_logp:
                 picked_C = x_CV.gather(1, tokens_N[start:end].unsqueeze(1)).squeeze(1)
                 logp_N[start:end] = picked_C - lse_C
-            if want_entropy:  # H = lse - Σ_j p_j·x_j, with one extra [C, V] buffer
-                px_CV = (x_CV - lse_C.unsqueeze(1)).exp_().mul_(x_CV)
-                ent_N[start:end] = lse_C - px_CV.sum(dim=1)
-                del px_CV
+            if want_entropy:  # H = -Σ_j p_j·log p_j (no lse - Σ p·x cancellation)
+                logp_CV = x_CV.sub_(lse_C.unsqueeze(1))  # in place: x -> log p
+                ent_N[start:end] = -(torch.exp(logp_CV).mul_(logp_CV).sum(dim=1))
+                del logp_CV
             del x_CV
         ctx.save_for_backward(logits_NV, tokens_N, lse_N, ent_N)
         ctx.temperature = temperature

@@ -19,13 +19,12 @@ from zbrl.config.rewards import ExtraReward, RewardConfig, SandboxConfig
 from zbrl.config.rollout import GenerationConfig, RolloutConfig, TemperatureSchedule
 from zbrl.config.run import RunConfig
 from zbrl.config.training import TrainingConfig
-from zbrl.config.transport import BroadcastSync, ObjectStoreSync, TransportConfig
+from zbrl.config.transport import ObjectStoreSync, TransportConfig
 
 __all__ = [
     "EMBEDDED",
     "PRESETS",
     "AlgorithmConfig",
-    "BroadcastSync",
     "ConfigError",
     "DataConfig",
     "EvalConfig",

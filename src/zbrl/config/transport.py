@@ -16,18 +16,8 @@ class ObjectStoreSync(Section):
     """Weight-sync discriminator."""
 
 
-class BroadcastSync(Section):
-    """Weights travel through a torch.distributed broadcast group."""
-
-    type: Literal["broadcast"] = "broadcast"
-    """Weight-sync discriminator."""
-    backend: Literal["gloo", "nccl"] = "gloo"
-    """Collective backend: gloo on CPU, NCCL between GPUs."""
-    bucket_mb: int = Field(default=256, ge=1)
-    """Tensors are flattened into buckets of this size per broadcast."""
-
-
-WeightSyncConfig = Annotated[ObjectStoreSync | BroadcastSync, Field(discriminator="type")]
+WeightSyncConfig = Annotated[ObjectStoreSync, Field(discriminator="type")]
+"""A union of one today; a torch.distributed broadcast implementation will join it."""
 
 
 class TransportConfig(Section):

@@ -13,6 +13,7 @@ from zbrl.data.prompts import (
     PromptEncoder,
     as_token_ids,
     build_messages,
+    resolve_system_prompt,
 )
 from zbrl.data.sampler import ShardedSampler
 
@@ -28,6 +29,7 @@ __all__ = [
     "as_token_ids",
     "build_messages",
     "load_examples",
+    "resolve_system_prompt",
 ]
 
 # Synthetic tasks (zbrl.data.synthetic) are exported below by their own module's owner.

@@ -208,28 +208,31 @@ class _BadLine:
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                yield number, _BadLine(
-                    _RowError(
-                        f"the line is not valid UTF-8 ({exc.reason} at byte {exc.start})",
-                        "save the file as UTF-8",
-                    )
-                )
-                continue
-            if not text.strip():
-                continue
-            try:
-                yield number, json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield number, _BadLine(
-                    _RowError(
-                        f"invalid JSON ({exc.msg} at column {exc.colno})",
-                        "write exactly one complete JSON object per line (an object must not "
-                        "span several lines; strings use double quotes)",
-                    )
-                )
+            row = _decode_jsonl_line(raw, first=number == 1)
+            if row is not _BLANK:
+                yield number, row
+
+
+_BLANK = object()
+
+
+def _decode_jsonl_line(raw: bytes, *, first: bool) -> Any:
+    """The JSON value of one line, ``_BLANK`` for a blank line, or a ``_BadLine``."""
+    try:
+        text = raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as exc:
+        problem = f"the line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        return _BadLine(_RowError(problem, "save the file as UTF-8"))
+    if not text.strip():
+        return _BLANK
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fix = (
+            "write exactly one complete JSON object per line (an object must not span several "
+            "lines; strings use double quotes)"
+        )
+        return _BadLine(_RowError(f"invalid JSON ({exc.msg} at column {exc.colno})", fix))
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -278,7 +281,7 @@ def _build_example(row: Any, path: Path, number: int, answer_field: str) -> Prom
 
 
 def _parse_messages(row: dict[str, Any]) -> tuple[dict[str, str], ...]:
-    raw = row["messages"] if "messages" in row else None
+    raw = row.get("messages")
     if raw is None:
         raise _RowError(
             "'messages' is missing",
@@ -314,7 +317,7 @@ def _parse_message(index: int, message: Any) -> dict[str, str]:
             f"{where} must be an object with 'role' and 'content', got {_type_name(message)}",
             'write each message as {"role": "user", "content": "..."}',
         )
-    role = message["role"] if "role" in message else None
+    role = message.get("role")
     if role is None:
         raise _RowError(
             f"{where} has no 'role'",
@@ -325,7 +328,7 @@ def _parse_message(index: int, message: Any) -> dict[str, str]:
             f"{where} has unknown role {role!r}",
             f"use one of the allowed roles: {', '.join(ROLES)}",
         )
-    content = message["content"] if "content" in message else None
+    content = message.get("content")
     if content is None:
         raise _RowError(
             f"{where} ({role}) has no 'content'",
@@ -354,7 +357,7 @@ def _missing_answer(name: str) -> _RowError:
 
 
 def _parse_gt_answer(row: dict[str, Any]) -> str:
-    value = row["gt_answer"] if "gt_answer" in row else None
+    value = row.get("gt_answer")
     if value is None:
         raise _missing_answer("gt_answer")
     if isinstance(value, bool):
@@ -377,13 +380,13 @@ def _parse_gt_answer(row: dict[str, Any]) -> str:
     if not value.strip():
         raise _RowError(
             "'gt_answer' is empty",
-            "give the reference final answer (a string such as \"42\")",
+            'give the reference final answer (a string such as "42")',
         )
     return value
 
 
 def _parse_test_cases(row: dict[str, Any]) -> dict[str, Any]:
-    value = row["test_cases"] if "test_cases" in row else None
+    value = row.get("test_cases")
     if value is None:
         raise _missing_answer("test_cases")
     fix = 'write "test_cases": {"inputs": ["<stdin>", ...], "outputs": ["<stdout>", ...]}'
@@ -405,7 +408,7 @@ def _parse_test_cases(row: dict[str, Any]) -> dict[str, Any]:
         )
     cases: dict[str, Any] = {}
     for key in ("inputs", "outputs"):
-        items = value[key] if key in value else None
+        items = value.get(key)
         if items is None:
             raise _RowError(f"'test_cases' has no '{key}' list", fix)
         if not isinstance(items, list):
@@ -428,7 +431,7 @@ def _parse_test_cases(row: dict[str, Any]) -> dict[str, Any]:
             f"{len(cases['outputs'])}",
             "give exactly one expected output per input",
         )
-    fn_name = value["fn_name"] if "fn_name" in value else None
+    fn_name = value.get("fn_name")
     if fn_name is not None:
         if not isinstance(fn_name, str) or not fn_name.strip():
             raise _RowError(

@@ -42,6 +42,17 @@ DEFAULT_SYSTEM_PROMPTS: dict[str, str] = {
 """System prompt per reward type (keys are reward names), matching the format each reward checks."""
 
 
+def resolve_system_prompt(system_prompt: str | None, reward_type: str) -> str | None:
+    """The system prompt to use: the configured one, else the reward type's default.
+
+    None picks :data:`DEFAULT_SYSTEM_PROMPTS` for ``reward_type`` (None for a reward type without
+    a default, e.g. a user reward given by import path). An empty string means "no system prompt".
+    """
+    if system_prompt is not None:
+        return system_prompt if system_prompt.strip() else None
+    return DEFAULT_SYSTEM_PROMPTS.get(reward_type)
+
+
 def _messages_of(example: PromptExample | Mapping[str, Any]) -> Sequence[Mapping[str, str]]:
     if isinstance(example, PromptExample):
         return example.messages

@@ -191,12 +191,11 @@ def _plot(
     from matplotlib.figure import Figure
 
     curves = _curves(metrics)
-    roles = {w: st.role for w, st in stats.items()}
-    tracks = [
-        (w, t)
-        for w in sorted(roles, key=lambda w: (roles[w], w))
-        for t in track_order(s.thread for s in spans if s.worker == w)
-    ]
+    threads: dict[str, set[str]] = defaultdict(set)
+    for s in spans:
+        threads[s.worker].add(s.thread)
+    workers = sorted(stats, key=lambda w: (stats[w].role, w))
+    tracks = [(w, t) for w in workers for t in track_order(threads[w])]
     timeline_h = max(2.0, 0.45 * len(tracks) + 1.2)
     fig = Figure(figsize=(13, timeline_h + (3.2 if curves else 0.0)), layout="constrained")
     FigureCanvasAgg(fig)
@@ -220,8 +219,15 @@ def _plot_curves(ax_r: Any, ax_a: Any, curves: dict[str, tuple[list[int], list[f
         if keys:
             ax.legend(loc="best", fontsize=8)
         else:
-            ax.text(0.5, 0.5, f"no {panel} in metrics", ha="center", va="center",
-                    transform=ax.transAxes, color="grey")  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                f"no {panel} in metrics",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="grey",
+            )
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel} vs step", fontsize=10)
@@ -268,8 +274,15 @@ def _plot_timeline(
     ax.grid(axis="x", alpha=0.3)
     for (w, t), y in row.items():
         if t == MAIN_THREAD and w in stats:
-            ax.text(1.005, y, f"idle {100 * stats[w].idle_frac:.0f}%", va="center", fontsize=8,
-                    transform=ax.get_yaxis_transform(), color=IDLE_EDGE)  # fmt: skip
+            ax.text(
+                1.005,
+                y,
+                f"idle {100 * stats[w].idle_frac:.0f}%",
+                va="center",
+                fontsize=8,
+                transform=ax.get_yaxis_transform(),
+                color=IDLE_EDGE,
+            )
     roles = sorted({st.role for st in stats.values()})
     idle_by_role = ", ".join(f"{r} {100 * role_idle_frac(stats, r):.1f}%" for r in roles)
     ax.set_title(f"worker timeline — mean idle: {idle_by_role}", fontsize=10)
@@ -277,8 +290,17 @@ def _plot_timeline(
     handles = [Patch(facecolor=colors[n], label=n) for n in names]
     if "idle" in durations:
         handles.append(
-            Patch(facecolor=IDLE_FACE, edgecolor=IDLE_EDGE, hatch="////",
-                  label="idle (" + " / ".join(sorted(S.IDLE_SPANS)) + ")")  # fmt: skip
+            Patch(
+                facecolor=IDLE_FACE,
+                edgecolor=IDLE_EDGE,
+                hatch="////",
+                label="idle (" + " / ".join(sorted(S.IDLE_SPANS)) + ")",
+            )
         )
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.5 / len(tracks)),
-              ncol=min(len(handles), 5), fontsize=8, frameon=False)  # fmt: skip
+    ax.figure.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 6),
+        fontsize=8,
+        frameon=False,
+    )

@@ -137,7 +137,9 @@ class SpanRecorder:
     ) -> Span:
         """Record an already-timed span (e.g. measured elsewhere)."""
         if end < start:
-            raise ValueError(f"span {name!r} on {self.worker!r} ends ({end}) before it starts ({start})")
+            raise ValueError(
+                f"span {name!r} on {self.worker!r} ends ({end}) before it starts ({start})"
+            )
         span = Span(self.worker, self.role, name, float(start), float(end), thread, dict(attrs))
         with self._lock:
             self._spans.append(span)

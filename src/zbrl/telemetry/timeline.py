@@ -1,4 +1,4 @@
-"""The run's span timeline on disk (``timeline.jsonl``) and its Chrome-trace export (``trace.json``).
+"""The span timeline on disk (``timeline.jsonl``) and its Chrome-trace export (``trace.json``).
 
 ``timeline.jsonl`` holds one span per line (``Span.to_dict()``), appended batch by batch as the
 driver drains the workers' recorders. ``write_chrome_trace`` turns spans into the Chrome Trace
@@ -85,7 +85,9 @@ def read_timeline(run_dir: str | os.PathLike[str]) -> list[Span]:
     return spans
 
 
-def write_chrome_trace(spans: Iterable[Span | dict[str, Any]], path: str | os.PathLike[str]) -> Path:
+def write_chrome_trace(
+    spans: Iterable[Span | dict[str, Any]], path: str | os.PathLike[str]
+) -> Path:
     """Write spans as a Chrome Trace Event JSON file and return its path.
 
     Events: one ``"X"`` (complete) event per span with ``ts``/``dur`` in microseconds relative to

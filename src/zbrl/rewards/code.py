@@ -1,0 +1,234 @@
+"""The ``code`` reward: run the response's Python program against the example's test cases.
+
+The program is the text after the last ```` ```python ```` fence up to the next ```` ``` ````.
+A response without a closed fence has invalid format; its whole text (or, for an unclosed fence,
+everything after it) is still run, so that ``ans_acc`` is measured, but in training the reward is
+only given to well-formatted responses. Programs run in the local sandbox
+(:mod:`zbrl.rewards.sandbox`, see ``docs/sandbox.md``), many at a time in ``score_batch``.
+
+``test_cases`` (an object or a JSON string of one, as in ``docs/datasets.md``)::
+
+    {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}                   stdin/stdout programs
+    {"inputs": ["[3]", ...], "outputs": ["6", ...], "fn_name": "double"}      function calls
+
+In function-call mode every input is the JSON array of positional arguments (or one JSON value per
+line, one argument each) and every output is the JSON of the expected return value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
+from zbrl.rewards.registry import register_reward
+from zbrl.rewards.sandbox import (
+    ProgramResult,
+    SandboxLimits,
+    TestCase,
+    parse_call_args,
+    run_programs,
+)
+
+FENCE = "```python"
+CLOSE = "```"
+TEST_CASE_KEYS = ("inputs", "outputs", "fn_name")
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The program extracted from a response."""
+
+    code: str
+    format_valid: bool
+
+
+def extract_solution(response: str) -> Solution:
+    """The code after the last ```` ```python ```` fence up to the next ```` ``` ````.
+
+    Format is valid only when such a fence exists and is closed. Without a fence the whole text is
+    the program; with an unclosed fence, everything after the fence line.
+    """
+    start = response.rfind(FENCE)
+    if start < 0:
+        return Solution(code=response, format_valid=False)
+    line_end = response.find("\n", start)
+    if line_end < 0:
+        return Solution(code="", format_valid=False)
+    body = response[line_end + 1 :]
+    end = body.find(CLOSE)
+    if end < 0:
+        return Solution(code=body, format_valid=False)
+    return Solution(code=body[:end], format_valid=True)
+
+
+@dataclass(frozen=True)
+class CodeTests:
+    """Parsed ``test_cases`` of one example."""
+
+    tests: list[TestCase]
+    fn_name: str | None
+
+
+def parse_test_cases(example: Example) -> CodeTests:
+    """Read and check ``example["test_cases"]``; errors name the field and the fix."""
+    if "test_cases" not in example or example["test_cases"] is None:
+        raise ValueError(
+            "code reward: the example has no 'test_cases' field; add "
+            '"test_cases": {"inputs": ["1 2\\n"], "outputs": ["3\\n"]} (see docs/datasets.md)'
+        )
+    raw = example["test_cases"]
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(
+                f"code reward: 'test_cases' is a string but not valid JSON ({exc}); give an "
+                "object with 'inputs', 'outputs' and optional 'fn_name', or its JSON text"
+            ) from None
+    if not isinstance(raw, Mapping):
+        raise ValueError(
+            f"code reward: 'test_cases' must be an object with 'inputs' and 'outputs', "
+            f"got {type(raw).__name__}"
+        )
+    unknown = sorted(str(k) for k in raw if k not in TEST_CASE_KEYS)
+    if unknown:
+        raise ValueError(
+            f"code reward: 'test_cases' has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"use only {', '.join(TEST_CASE_KEYS)}"
+        )
+    columns = {key: _string_list(raw, key) for key in ("inputs", "outputs")}
+    inputs, outputs = columns["inputs"], columns["outputs"]
+    if not inputs:
+        raise ValueError("code reward: 'test_cases.inputs' is empty; give at least one test case")
+    if len(inputs) != len(outputs):
+        raise ValueError(
+            f"code reward: 'test_cases.inputs' has {len(inputs)} items but "
+            f"'test_cases.outputs' has {len(outputs)}; give one expected output per input"
+        )
+    fn_name = raw["fn_name"] if "fn_name" in raw else None
+    if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
+        raise ValueError(
+            f"code reward: 'test_cases.fn_name' must be a function name, got {fn_name!r}; "
+            "leave it out (or null) for stdin/stdout programs"
+        )
+    if fn_name is not None:
+        for i, test_input in enumerate(inputs):
+            try:
+                parse_call_args(test_input)
+            except ValueError as exc:
+                raise ValueError(f"code reward: 'test_cases.inputs[{i}]': {exc}") from None
+        for i, output in enumerate(outputs):
+            try:
+                json.loads(output)
+            except ValueError:
+                raise ValueError(
+                    f"code reward: 'test_cases.outputs[{i}]' is not JSON ({output[:60]!r}); with "
+                    "'fn_name' each output is the JSON of the return value, e.g. '6' or "
+                    "'\"abc\"'"
+                ) from None
+    tests = [TestCase(input=i, expected=o) for i, o in zip(inputs, outputs)]
+    return CodeTests(tests=tests, fn_name=fn_name)
+
+
+def _string_list(raw: Mapping[str, Any], key: str) -> list[str]:
+    if key not in raw:
+        raise ValueError(
+            f"code reward: 'test_cases' has no '{key}' list; write "
+            '{"inputs": ["<stdin>", ...], "outputs": ["<stdout>", ...]}'
+        )
+    items = raw[key]
+    if not isinstance(items, list):
+        raise ValueError(
+            f"code reward: 'test_cases.{key}' must be a list of strings, got {type(items).__name__}"
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ValueError(
+                f"code reward: 'test_cases.{key}[{i}]' must be a string, got "
+                f"{type(item).__name__}; json.dumps non-string values"
+            )
+    return items
+
+
+@register_reward("code")
+class CodeReward(BaseReward):
+    """Reward = ``correct_reward`` when every test passes (or × pass fraction with
+    ``partial_credit``), given only to well-formatted responses in training.
+
+    ``ans_acc`` is 1.0 when all tests pass, else 0.0; ``metadata["pass_fraction"]`` holds the
+    fraction and ``metadata["test_statuses"]`` the per-test statuses.
+    """
+
+    name = "code"
+
+    def __init__(
+        self,
+        *,
+        correct_reward: float = 10.0,
+        partial_credit: bool = False,
+        limits: SandboxLimits | Mapping[str, Any] | None = None,
+        max_workers: int = 2,
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError(f"code reward: max_workers must be >= 1, got {max_workers}")
+        if isinstance(limits, Mapping):
+            limits = SandboxLimits(**limits)
+        self.correct_reward = float(correct_reward)
+        self.partial_credit = bool(partial_credit)
+        self.limits = limits or SandboxLimits()
+        self.max_workers = max_workers
+
+    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
+        return self.score_batch([response], [example], [ctx])[0]
+
+    def score_batch(
+        self,
+        responses: Sequence[str],
+        examples: Sequence[Example],
+        contexts: Sequence[RewardContext],
+    ) -> list[RewardResult]:
+        if not (len(responses) == len(examples) == len(contexts)):
+            raise ValueError(
+                f"score_batch got {len(responses)} responses, {len(examples)} examples and "
+                f"{len(contexts)} contexts; pass one example and one context per response"
+            )
+        solutions = [extract_solution(r) for r in responses]
+        parsed = [parse_test_cases(e) for e in examples]
+        candidates = [(s.code, p.tests, p.fn_name) for s, p in zip(solutions, parsed)]
+        programs = run_programs(candidates, self.limits, max_workers=self.max_workers)
+        return [
+            self._result(s, p, c) for s, p, c in zip(solutions, programs, contexts, strict=True)
+        ]
+
+    def _result(self, solution: Solution, program: ProgramResult, ctx: RewardContext) -> RewardResult:
+        all_passed = program.all_passed
+        credit = program.pass_fraction if self.partial_credit else float(all_passed)
+        gated = solution.format_valid or ctx.eval_mode
+        reward = self.correct_reward * credit if gated else 0.0
+        return RewardResult(
+            reward=reward,
+            format_acc=1.0 if solution.format_valid else 0.0,
+            ans_acc=1.0 if all_passed else 0.0,
+            parsed=solution.code,
+            metadata={
+                "format_valid": solution.format_valid,
+                "pass_fraction": program.pass_fraction,
+                "test_statuses": program.statuses,
+                "test_passed": program.passed,
+                "test_durations_s": [round(t.duration_s, 4) for t in program.tests],
+                "first_failure": _first_failure(program),
+            },
+        )
+
+
+def _first_failure(program: ProgramResult) -> str | None:
+    for i, test in enumerate(program.tests):
+        if not test.passed:
+            reason = test.detail
+            if not reason and test.stderr_tail.strip():
+                reason = test.stderr_tail.strip().splitlines()[-1]
+            return f"test {i}: {test.status}" + (f" ({reason})" if reason else "")
+    return None

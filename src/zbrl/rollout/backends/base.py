@@ -1,0 +1,58 @@
+"""The inference backend interface the Producer and the Evaluator call.
+
+A backend turns prompts (token ids) into completions with the sampled tokens' log-probs, swaps in
+new weights, and can release its memory. Anything implementing it (transformers today, vLLM on
+GPUs) plugs in without touching the Producer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: temperature 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+    stop_strings: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class Completion:
+    """One sampled response."""
+
+    token_ids: torch.Tensor
+    """int64 [L]: sampled tokens up to and including EOS or the stop string."""
+    logprobs: torch.Tensor
+    """float32 [L]: log-prob of each sampled token under the sampling policy (logits / T)."""
+    text: str
+    """Decoded response (special tokens skipped)."""
+    finish_reason: Literal["stop", "length"]
+    """``stop``: EOS or a stop string ended it; ``length``: it hit ``max_new_tokens``."""
+
+
+class InferenceBackend(Protocol):
+    """Generation engine of a producer or evaluator."""
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, in prompt order."""
+        ...
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        """Replace the policy weights (names as in the trained model's ``state_dict``)."""
+        ...
+
+    def release_memory(self) -> None:
+        """Free caches (KV cache, CUDA cache) between phases."""
+        ...

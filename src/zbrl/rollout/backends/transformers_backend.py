@@ -1,0 +1,118 @@
+"""Generation with transformers ``generate``: works on CPU and GPU, batched, variable lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from zbrl.rollout.backends.base import Completion, SamplingParams
+
+
+class TransformersBackend:
+    """Batched sampling with ``model.generate``; log-probs come from the raw logits of each step.
+
+    A sequence's response ends at its first EOS (included) or, when a stop string ended it, where
+    ``generate`` started padding it; tokens after that are dropped, never padded into the rollout.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        if tokenizer.pad_token_id is not None:
+            self.pad_id = tokenizer.pad_token_id
+        else:
+            self.pad_id = next(iter(self.eos_ids))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        input_ids, attention = self._left_pad(prompts)
+        greedy = params.temperature == 0
+        kwargs = {
+            "max_new_tokens": params.max_new_tokens,
+            "num_return_sequences": params.n,
+            "do_sample": not greedy,
+            "return_dict_in_generate": True,
+            "output_logits": True,
+            "pad_token_id": self.pad_id,
+            "eos_token_id": sorted(self.eos_ids),
+        }
+        if not greedy:
+            kwargs.update(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else 0,
+            )
+        if params.stop_strings:
+            kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        new_tokens_NL = out.sequences[:, input_ids.shape[1] :].cpu()
+        logits_LNV = torch.stack(out.logits, dim=0) if out.logits else None
+        temperature = 1.0 if greedy else params.temperature
+        logprobs_NL = self._sampled_logprobs(logits_LNV, new_tokens_NL, temperature)
+        completions = [
+            self._completion(new_tokens_NL[i], logprobs_NL[i], params.max_new_tokens)
+            for i in range(new_tokens_NL.shape[0])
+        ]
+        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(dict(named_tensors), strict=True)
+
+    def release_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    @staticmethod
+    def _sampled_logprobs(
+        logits_LNV: torch.Tensor | None, tokens_NL: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        n, length = tokens_NL.shape
+        if logits_LNV is None or length == 0:
+            return torch.zeros((n, length), dtype=torch.float32)
+        out = torch.empty((n, length), dtype=torch.float32)
+        for t in range(length):  # one step at a time: never a float32 copy of [L, N, V]
+            step = logits_LNV[t].float().cpu() / temperature
+            out[:, t] = torch.log_softmax(step, dim=-1).gather(1, tokens_NL[:, t : t + 1]).squeeze(1)
+        return out
+
+    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor, budget: int) -> Completion:
+        length = self._response_length(tokens)
+        ended_by_eos = length > 0 and int(tokens[length - 1]) in self.eos_ids
+        stopped_early = length < tokens.shape[0]
+        finish = "stop" if (ended_by_eos or stopped_early or length < budget) else "length"
+        ids = tokens[:length].clone()
+        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        return Completion(ids, logprobs[:length].clone(), text, finish)
+
+    def _response_length(self, tokens: torch.Tensor) -> int:
+        values = tokens.tolist()
+        for i, tok in enumerate(values):
+            if tok in self.eos_ids:
+                return i + 1
+            if tok == self.pad_id:
+                return i  # generate pads a sequence once a stop string finished it
+        return len(values)

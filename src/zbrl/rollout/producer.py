@@ -1,0 +1,231 @@
+"""The Producer: prompts in, scored RolloutGroups out, new weights swapped in between batches.
+
+Loop: reserve admission from the buffer → make sure the loaded weights are recent enough for the
+reserved tickets (the staleness bound) and swap in the newest fetched version → generate G
+completions per prompt → score → push one RolloutGroup per prompt. Receiving weights happens in a
+background thread (``WeightReceiver``); loading them happens here, between generation batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from zbrl.data.sampler import ShardedSampler
+from zbrl.rewards.base import RewardContext, RewardFunction
+from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
+from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
+from zbrl.transport.handles import Handle
+from zbrl.transport.weights import WeightReceiver
+from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    """What one producer needs to know (built from the RunConfig by ``zbrl.launch``)."""
+
+    index: int
+    num_producers: int
+    sampling: SamplingParams
+    inference_batch_size: int
+    inference_microbatch_size: int
+    num_epochs: int
+    seed: int
+    shuffle: bool = True
+    final_temperature: float | None = None
+    anneal_fraction: float = 1.0
+    poll_timeout_s: float = 1.0
+
+
+@dataclass
+class ProducerResult:
+    """What a producer reports when it stops."""
+
+    index: int
+    groups: int
+    samples: int
+    weight_versions_loaded: int
+    weight_sync_latencies_s: list[float]
+
+
+class Producer:
+    """Generates and scores rollouts for its shard of the prompts."""
+
+    def __init__(
+        self,
+        settings: ProducerSettings,
+        prompts: list[EncodedPrompt],
+        backend: InferenceBackend,
+        reward: RewardFunction,
+        buffer: Handle,
+        receiver: WeightReceiver,
+        recorder: SpanRecorder,
+    ) -> None:
+        self.settings = settings
+        self.prompts = prompts
+        self.backend = backend
+        self.reward = reward
+        self.buffer = buffer
+        self.receiver = receiver
+        self.recorder = recorder
+        self.sampler = ShardedSampler(
+            len(prompts),
+            num_shards=settings.num_producers,
+            shard_index=settings.index,
+            seed=settings.seed,
+            shuffle=settings.shuffle,
+        )
+        self._stream = self.sampler.iter_epochs(settings.num_epochs)
+        self._first_epoch_len = max(1, len(self.sampler))
+        self._taken = 0
+        self.groups_pushed = 0
+        self.samples_pushed = 0
+        self.versions_loaded = 0
+
+    def run(self) -> ProducerResult:
+        """Produce until the data ends or the buffer closes."""
+        try:
+            while self.step():
+                pass
+        finally:
+            self.buffer.call("producer_finished", self.settings.index)
+        return ProducerResult(
+            index=self.settings.index,
+            groups=self.groups_pushed,
+            samples=self.samples_pushed,
+            weight_versions_loaded=self.versions_loaded,
+            weight_sync_latencies_s=list(self.receiver.latencies_s),
+        )
+
+    def step(self) -> bool:
+        """One generation batch; False when there is nothing more to do."""
+        reservation = self._reserve()
+        if reservation is None:
+            return False
+        batch = self._next_prompts(len(reservation.tickets))
+        if len(batch) < len(reservation.tickets):
+            self.buffer.call("release", reservation.tickets[len(batch) :])
+        if not batch:
+            return False
+        self._ensure_weights(reservation.min_version)
+        version = self.receiver.loaded_version
+        groups: list[RolloutGroup] = []
+        imbs = self.settings.inference_microbatch_size
+        for start in range(0, len(batch), imbs):
+            chunk = batch[start : start + imbs]
+            tickets = reservation.tickets[start : start + imbs]
+            groups += self._rollout(chunk, tickets, version)
+        with self.recorder.span(PUSH, groups=len(groups)):
+            self.buffer.call("put", groups)
+        self.groups_pushed += len(groups)
+        self.samples_pushed += sum(g.group_size for g in groups)
+        return True
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _reserve(self) -> Reservation | None:
+        """Wait for admission (idle: the consumer must advance first)."""
+        n = self.settings.inference_batch_size
+        with self.recorder.span(WAIT_FOR_WEIGHTS, reason="admission"):
+            while True:
+                res = self.buffer.call(
+                    "reserve", self.settings.index, n, self.settings.poll_timeout_s
+                )
+                if res is None or res.tickets:
+                    return res
+
+    def _ensure_weights(self, min_version: int) -> None:
+        if self.receiver.loaded_version < min_version:
+            with self.recorder.span(WAIT_FOR_WEIGHTS, reason="staleness", need=min_version):
+                while not self.receiver.wait_for(min_version, timeout=self.settings.poll_timeout_s):
+                    pass
+        if self.receiver.receive_into(self.backend.load_weights):
+            self.versions_loaded += 1
+
+    def _next_prompts(self, n: int) -> list[tuple[EncodedPrompt, int, float]]:
+        out = []
+        for epoch, index in _take(self._stream, n):
+            out.append((self.prompts[index], epoch, self._temperature(epoch)))
+            self._taken += 1
+        return out
+
+    def _temperature(self, epoch: int) -> float:
+        s = self.settings
+        t0 = s.sampling.temperature
+        if s.final_temperature is None or epoch > 0:
+            return t0 if s.final_temperature is None else s.final_temperature
+        frac = min(1.0, self._taken / (s.anneal_fraction * self._first_epoch_len))
+        return t0 + (s.final_temperature - t0) * frac
+
+    def _rollout(
+        self, chunk: list[tuple[EncodedPrompt, int, float]], tickets: list[int], version: int
+    ) -> list[RolloutGroup]:
+        temperature = chunk[0][2]
+        params = _with_temperature(self.settings.sampling, temperature)
+        with self.recorder.span(GENERATE, prompts=len(chunk), version=version):
+            completions = self.backend.generate([p.prompt_ids for p, _, _ in chunk], params)
+        with self.recorder.span(SCORE, responses=len(chunk) * params.n):
+            return [
+                self._group(prompt, epoch, ticket, comps, version, temperature)
+                for (prompt, epoch, _), ticket, comps in zip(chunk, tickets, completions)
+            ]
+
+    def _group(
+        self,
+        prompt: EncodedPrompt,
+        epoch: int,
+        ticket: int,
+        completions: list[Completion],
+        version: int,
+        temperature: float,
+    ) -> RolloutGroup:
+        budget = self.settings.sampling.max_new_tokens
+        contexts = [
+            RewardContext(
+                response_tokens=int(c.token_ids.numel()),
+                max_new_tokens=budget,
+                truncated=c.finish_reason == "length",
+            )
+            for c in completions
+        ]
+        texts = [c.text for c in completions]
+        results = self.reward.score_batch(texts, [prompt.example] * len(texts), contexts)
+        return RolloutGroup(
+            uid=f"{prompt.uid}@e{epoch}",
+            prompt_ids=list(prompt.prompt_ids),
+            response_ids=[c.token_ids for c in completions],
+            behaviour_logprobs=[c.logprobs for c in completions],
+            rewards=[r.reward for r in results],
+            format_acc=[r.format_acc for r in results],
+            ans_acc=[r.ans_acc for r in results],
+            truncated=[ctx.truncated for ctx in contexts],
+            policy_version=version,
+            temperature=temperature,
+            producer=self.settings.index,
+            ticket=ticket,
+            response_texts=texts,
+            created_at=time.time(),
+        )
+
+
+def _take(stream: Iterator[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    out = []
+    for item in stream:
+        out.append(item)
+        if len(out) == n:
+            break
+    return out
+
+
+def _with_temperature(params: SamplingParams, temperature: float) -> SamplingParams:
+    if temperature == params.temperature:
+        return params
+    return SamplingParams(
+        n=params.n,
+        temperature=temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_new_tokens=params.max_new_tokens,
+        stop_strings=params.stop_strings,
+    )

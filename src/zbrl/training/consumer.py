@@ -1,0 +1,150 @@
+"""The Consumer: pulls train batches, trains, bumps the policy version, publishes weights.
+
+Publishing never blocks the next step: the weights are copied to a staging buffer on this thread
+and sent by the publisher's background thread. Nothing here assumes a single consumer or a single
+producer: the buffer hands out batches by ticket order and the weight store serves any number of
+receivers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zbrl.telemetry.spans import TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
+from zbrl.training.checkpoint import save_checkpoint
+from zbrl.training.train_step import Trainer
+from zbrl.transport.handles import Handle
+from zbrl.transport.weights import WeightPublisher
+from zbrl.types import TrainBatch
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """Loop settings of a consumer."""
+
+    groups_per_step: int
+    max_steps: int | None
+    checkpoint_dir: str
+    save_interval: int = 0
+    save_final: bool = True
+    poll_timeout_s: float = 1.0
+
+
+@dataclass
+class ConsumerResult:
+    """What a consumer reports when it stops."""
+
+    steps: int
+    groups_trained: int
+    samples_trained: int
+    final_checkpoint: str | None
+    partial_batches: int
+
+
+class Consumer:
+    """Trains on rollout batches as they arrive."""
+
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        trainer: Trainer,
+        buffer: Handle,
+        publisher: WeightPublisher,
+        recorder: SpanRecorder,
+        *,
+        tokenizer: Any = None,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.trainer = trainer
+        self.buffer = buffer
+        self.publisher = publisher
+        self.recorder = recorder
+        self.tokenizer = tokenizer
+        self.on_step = on_step
+        self.version = 0
+        self.groups_trained = 0
+        self.samples_trained = 0
+        self.partial_batches = 0
+
+    def run(self) -> ConsumerResult:
+        final = None
+        try:
+            while self.settings.max_steps is None or self.version < self.settings.max_steps:
+                batch = self._wait_for_batch()
+                if batch is None:
+                    break
+                self._train(batch)
+            self.publisher.flush()
+            if self.settings.save_final:
+                final = str(self._save())
+        finally:
+            self.buffer.call("close")  # producers still waiting for admission stop now
+        return ConsumerResult(
+            steps=self.version,
+            groups_trained=self.groups_trained,
+            samples_trained=self.samples_trained,
+            final_checkpoint=final,
+            partial_batches=self.partial_batches,
+        )
+
+    def _wait_for_batch(self) -> TrainBatch | None:
+        with self.recorder.span(WAIT_FOR_DATA, step=self.version):
+            while True:
+                status, batch = self.buffer.call(
+                    "take", self.settings.groups_per_step, self.settings.poll_timeout_s
+                )
+                if status != "timeout":
+                    return batch
+
+    def _train(self, batch: TrainBatch) -> None:
+        start = time.time()
+        with self.recorder.span(TRAIN_STEP, step=self.version, groups=len(batch.groups)):
+            metrics = self.trainer.train(batch.groups)
+        train_s = time.time() - start
+        self.version += 1
+        self.publisher.publish(self.version, self.trainer.policy.state_dict())
+        self.buffer.call("advance_version", self.version)
+        self.groups_trained += len(batch.groups)
+        self.samples_trained += sum(g.group_size for g in batch.groups)
+        self.partial_batches += int(batch.partial)
+        metrics.update(_batch_metrics(batch, self.version - 1, train_s))
+        snapshot = self.buffer.call("snapshot")
+        metrics["sample_utilization"] = snapshot["sample_utilization"]
+        if self.settings.save_interval and self.version % self.settings.save_interval == 0:
+            self._save()
+        if self.on_step is not None:
+            self.on_step(self.version, metrics)
+
+    def _save(self) -> Path:
+        path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"
+        return save_checkpoint(self.trainer.policy, self.tokenizer, path)
+
+
+def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[str, float]:
+    groups = batch.groups
+    behind = [trained_at - g.policy_version for g in groups]
+    samples = [(r, f, a, n) for g in groups for r, f, a, n in _per_sample(g)]
+    count = max(1, len(samples))
+    tokens = sum(len(g.prompt_ids) * g.group_size + sum(g.response_lengths) for g in groups)
+    out = {
+        "staleness_mean": sum(behind) / max(1, len(behind)),
+        "staleness_max": float(max(behind, default=0)),
+        "train_reward": sum(s[0] for s in samples) / count,
+        "train_ans_acc": sum(s[2] for s in samples) / count,
+        "groups": float(len(groups)),
+        "raw_groups": float(batch.raw_groups),
+        "partial_batch": float(batch.partial),
+        "train_tokens_per_s": tokens / train_s if train_s > 0 else 0.0,
+        "truncated_frac": sum(t for g in groups for t in g.truncated) / count,
+    }
+    out.update(batch.raw_metrics)  # reward, format_acc, ans_acc, response_length (pre-filter)
+    return out
+
+
+def _per_sample(group):
+    return zip(group.rewards, group.format_acc, group.ans_acc, group.response_lengths)

@@ -1,0 +1,102 @@
+"""Turn RolloutGroups into training rows and right-padded micro-batches (padded per micro-batch,
+never to the batch's global maximum)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.types import RolloutGroup
+
+
+@dataclass
+class Row:
+    """One sequence to train on: prompt + response, with its per-sequence inputs."""
+
+    prompt_ids: list[int]
+    response_ids: torch.Tensor  # int64 [L]
+    old_logprobs: torch.Tensor  # float32 [L]
+    advantage: float
+    temperature: float
+    trained: bool  # False: excluded from the loss (truncated or filtered in the loss)
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors of a few rows; logits[:, t] predict ``targets_BT[:, t]``."""
+
+    input_ids_BT: torch.Tensor
+    attention_BT: torch.Tensor
+    targets_BT: torch.Tensor  # input_ids shifted left by one
+    mask_BT: torch.Tensor  # bool: response tokens of trained rows
+    old_logprobs_BT: torch.Tensor
+    advantages_B: torch.Tensor
+    temperatures_B: torch.Tensor
+
+
+def build_rows(
+    groups: list[RolloutGroup],
+    advantages_BG: torch.Tensor,
+    *,
+    filter_truncated: bool,
+    loss_filter_range: tuple[float, float] | None,
+) -> list[Row]:
+    """One row per completion; ``loss_filter_range`` masks whole groups in the loss (used when
+    the buffer does not filter them, i.e. ``dynamic_batching`` is off)."""
+    rows: list[Row] = []
+    for b, group in enumerate(groups):
+        group_kept = group_in_accuracy_range(group.ans_acc, loss_filter_range)
+        for g in range(group.group_size):
+            rows.append(
+                Row(
+                    prompt_ids=group.prompt_ids,
+                    response_ids=group.response_ids[g],
+                    old_logprobs=group.behaviour_logprobs[g],
+                    advantage=float(advantages_BG[b, g]),
+                    temperature=group.temperature,
+                    trained=group_kept and not (filter_truncated and group.truncated[g]),
+                )
+            )
+    return rows
+
+
+def collate(rows: list[Row], pad_id: int) -> MicroBatch:
+    """Right-pad ``rows`` to their own longest sequence."""
+    lengths = [len(r.prompt_ids) + int(r.response_ids.numel()) for r in rows]
+    width = max(lengths)
+    n = len(rows)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width - 1), dtype=torch.bool)
+    old = torch.zeros((n, width - 1), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        p, resp = len(r.prompt_ids), r.response_ids
+        input_ids[i, :p] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        input_ids[i, p : p + resp.numel()] = resp
+        attention[i, : lengths[i]] = 1
+        # logits at position t predict token t + 1: the response occupies targets [p-1, p-1+L)
+        span = slice(p - 1, p - 1 + resp.numel())
+        mask[i, span] = r.trained
+        old[i, span] = r.old_logprobs
+    return MicroBatch(
+        input_ids_BT=input_ids,
+        attention_BT=attention,
+        targets_BT=input_ids[:, 1:],
+        mask_BT=mask,
+        old_logprobs_BT=old,
+        advantages_B=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+        temperatures_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32),
+    )
+
+
+def split(rows: list[Row], size: int) -> list[list[Row]]:
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def trained_token_count(rows: list[Row]) -> tuple[int, int]:
+    """(trained tokens, trained non-empty sequences) of a whole optimizer step."""
+    tokens = sum(int(r.response_ids.numel()) for r in rows if r.trained)
+    seqs = sum(1 for r in rows if r.trained and r.response_ids.numel() > 0)
+    return tokens, seqs

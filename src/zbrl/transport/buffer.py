@@ -1,0 +1,285 @@
+"""The bounded, staleness-controlled rollout buffer between producers and consumers.
+
+A plain thread-safe class: tests use it in one process; ``zbrl.launch`` wraps it as a threaded Ray
+actor so that blocked producers and consumers wait on its condition variable (no spinning).
+
+Admission (the capacity rule of the fully asynchronous systems): a producer may start a group only
+while ``effective_started < (version + max_staleness + 1) * groups_per_step``, where
+``effective_started`` counts tickets granted minus tickets dropped (filtered, released, stale).
+Consumers take groups in ticket order, so a ticket whose effective index is ``e`` is trained at a
+step ``<= e // groups_per_step``; the reservation therefore tells the producer to generate with
+weights of at least version ``e // groups_per_step - max_staleness``. Together these guarantee that
+no group trained at version v was generated before version v - max_staleness; ``take`` re-checks
+the bound and drops (and counts) any group that would break it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.types import Reservation, RolloutGroup, TrainBatch
+
+_DROPPED = object()
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    """What the buffer needs from the run configuration."""
+
+    groups_per_step: int
+    max_staleness: int
+    num_producers: int
+    filter_range: tuple[float, float] | None = None
+    dynamic_batching: bool = True
+    drop_all_truncated_groups: bool = False
+    capacity: int | None = None
+
+
+@dataclass
+class BufferStats:
+    """Counters of everything that entered and left the buffer."""
+
+    groups_received: int = 0
+    samples_generated: int = 0
+    groups_filtered_accuracy: int = 0
+    groups_filtered_truncated: int = 0
+    groups_dropped_stale: int = 0
+    tickets_released: int = 0
+    groups_trained: int = 0
+    samples_trained: int = 0
+    partial_batches: int = 0
+    per_reason: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        out = {k: float(v) for k, v in self.__dict__.items() if isinstance(v, int)}
+        out["sample_utilization"] = self.samples_trained / self.samples_generated if (
+            self.samples_generated
+        ) else 0.0
+        return out
+
+
+class RolloutBuffer:
+    """Bounded buffer of RolloutGroups with staleness admission, filtering and clean shutdown."""
+
+    def __init__(self, settings: BufferSettings) -> None:
+        if settings.groups_per_step < 1:
+            raise ValueError("groups_per_step must be >= 1")
+        self.settings = settings
+        self._cond = threading.Condition()
+        self._version = 0
+        self._next_ticket = 0
+        self._dropped = 0
+        self._slots: dict[int, object] = {}  # ticket -> None (pending) | RolloutGroup | _DROPPED
+        self._head = 0  # lowest ticket not yet consumed
+        self._finished: set[int] = set()
+        self._closed = False
+        self._raw: list[tuple[float, float, float, float]] = []  # reward, fmt, acc, length
+        self.stats = BufferStats()
+
+    # -- producers -----------------------------------------------------------------------------
+
+    def reserve(self, producer: int, n: int, timeout: float | None = None) -> Reservation | None:
+        """Block until admission allows at least one group; grant up to ``n`` tickets.
+
+        Returns None when the buffer is closed, and an empty reservation on timeout.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._closed and self._room() < 1:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return Reservation(tickets=[], min_version=0)
+                self._cond.wait(remaining)
+            if self._closed:
+                return None
+            k = min(n, self._room())
+            first_effective = self._next_ticket - self._dropped
+            tickets = list(range(self._next_ticket, self._next_ticket + k))
+            for t in tickets:
+                self._slots[t] = None
+            self._next_ticket += k
+            last_effective = first_effective + k - 1
+            b, s = self.settings.groups_per_step, self.settings.max_staleness
+            return Reservation(tickets=tickets, min_version=max(0, last_effective // b - s))
+
+    def put(self, groups: list[RolloutGroup]) -> None:
+        """Store generated groups under their tickets, dropping those the filters reject."""
+        with self._cond:
+            for group in groups:
+                if self._slots.get(group.ticket, _DROPPED) is not None:
+                    raise ValueError(f"group {group.uid} carries unknown or used ticket {group.ticket}")
+                self._account_raw(group)
+                reason = self._filter_reason(group)
+                if reason is None:
+                    self._slots[group.ticket] = group
+                else:
+                    self.stats.per_reason[reason] = self.stats.per_reason.get(reason, 0) + 1
+                    self._drop(group.ticket)
+            self._cond.notify_all()
+
+    def release(self, tickets: list[int]) -> None:
+        """Give back tickets a producer will not fill (its data ended)."""
+        with self._cond:
+            for t in tickets:
+                if self._slots.get(t, _DROPPED) is None:
+                    self.stats.tickets_released += 1
+                    self._drop(t)
+            self._cond.notify_all()
+
+    def producer_finished(self, producer: int) -> None:
+        with self._cond:
+            self._finished.add(producer)
+            self._cond.notify_all()
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def take(self, n: int | None = None, timeout: float | None = None) -> tuple[str, TrainBatch | None]:
+        """Block until ``n`` effective groups are ready in ticket order and return them.
+
+        Returns ``("batch", batch)``; when every producer has finished and fewer remain, they come
+        as a partial batch. Returns ``("end", None)`` when nothing is left or the buffer is closed,
+        and ``("timeout", None)`` when ``timeout`` passes first.
+        """
+        n = n or self.settings.groups_per_step
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                ready, complete = self._ready_prefix(n)
+                if len(ready) >= n or (complete and ready):
+                    batch = self._pop_batch(ready[:n], partial=len(ready) < n)
+                    if batch is not None:
+                        return "batch", batch
+                    continue  # every group was stale and dropped: look again
+                if complete or self._closed:
+                    return "end", None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return "timeout", None
+                self._cond.wait(remaining)
+
+    def advance_version(self, version: int) -> None:
+        """The consumers finished a step: admission moves forward."""
+        with self._cond:
+            if version > self._version:
+                self._version = version
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiter; further reservations and takes return None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- introspection -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def snapshot(self) -> dict[str, float]:
+        with self._cond:
+            out = self.stats.as_dict()
+            out["version"] = float(self._version)
+            out["buffered_groups"] = float(
+                sum(isinstance(v, RolloutGroup) for v in self._slots.values())
+            )
+            out["pending_groups"] = float(sum(v is None for v in self._slots.values()))
+            return out
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _room(self) -> int:
+        b, s = self.settings.groups_per_step, self.settings.max_staleness
+        effective_started = self._next_ticket - self._dropped
+        room = (self._version + s + 1) * b - effective_started
+        if self.settings.capacity is not None:
+            outstanding = sum(v is not _DROPPED for v in self._slots.values())
+            room = min(room, self.settings.capacity - outstanding)
+        return room
+
+    def _drop(self, ticket: int) -> None:
+        self._slots[ticket] = _DROPPED
+        self._dropped += 1
+
+    def _filter_reason(self, group: RolloutGroup) -> str | None:
+        st = self.settings
+        if st.dynamic_batching and not group_in_accuracy_range(group.ans_acc, st.filter_range):
+            self.stats.groups_filtered_accuracy += 1
+            return "accuracy_out_of_range"
+        if st.drop_all_truncated_groups and all(group.truncated):
+            self.stats.groups_filtered_truncated += 1
+            return "all_truncated"
+        return None
+
+    def _account_raw(self, group: RolloutGroup) -> None:
+        g = group.group_size
+        self.stats.groups_received += 1
+        self.stats.samples_generated += g
+        lengths = group.response_lengths
+        self._raw.append(
+            (
+                sum(group.rewards) / g,
+                sum(group.format_acc) / g,
+                sum(group.ans_acc) / g,
+                sum(lengths) / g,
+            )
+        )
+
+    def _ready_prefix(self, n: int) -> tuple[list[int], bool]:
+        """Tickets of ready groups from the head in order, and whether nothing more can come."""
+        ready: list[int] = []
+        t = self._head
+        while t < self._next_ticket and len(ready) < n:
+            slot = self._slots.get(t, _DROPPED)
+            if slot is None:
+                return ready, False
+            if isinstance(slot, RolloutGroup):
+                ready.append(t)
+            t += 1
+        all_done = len(self._finished) >= self.settings.num_producers
+        no_more = all_done and t >= self._next_ticket
+        return ready, no_more
+
+    def _pop_batch(self, tickets: list[int], partial: bool) -> TrainBatch | None:
+        floor_version = self._version - self.settings.max_staleness
+        groups: list[RolloutGroup] = []
+        for t in tickets:
+            group = self._slots[t]
+            assert isinstance(group, RolloutGroup)
+            if group.policy_version < floor_version:
+                self.stats.groups_dropped_stale += 1
+                self._drop(t)
+                continue
+            groups.append(group)
+            self._slots[t] = _DROPPED  # consumed; keeps effective_started unchanged
+        last = tickets[-1]
+        for t in range(self._head, last + 1):
+            self._slots.pop(t, None)
+        self._head = last + 1
+        raw = self._raw
+        self._raw = []
+        self.stats.groups_trained += len(groups)
+        self.stats.samples_trained += sum(g.group_size for g in groups)
+        if partial:
+            self.stats.partial_batches += 1
+        self._cond.notify_all()
+        if not groups:
+            return None
+        return TrainBatch(
+            groups=groups,
+            step=self._version,
+            raw_groups=len(raw),
+            raw_metrics=_mean_raw(raw),
+            partial=partial,
+        )
+
+
+def _mean_raw(raw: list[tuple[float, float, float, float]]) -> dict[str, float]:
+    if not raw:
+        return {}
+    n = len(raw)
+    keys = ("reward", "format_acc", "ans_acc", "response_length")
+    return {k: sum(r[i] for r in raw) / n for i, k in enumerate(keys)}

@@ -1,0 +1,229 @@
+"""Weight sync: the consumer publishes versioned weights, producers receive them in the background.
+
+The protocol (DESIGN §1) is split across the two sides of the wire:
+``WeightPublisher.publish(version, named_tensors)`` on the consumer, ``WeightReceiver.poll()`` and
+``WeightReceiver.receive_into(target)`` on a producer. This module implements it over the Ray
+object store: a published version is one immutable object (a CPU copy of every tensor, taken on
+the training thread), sent by a background thread, and announced to a small ``WeightStore``. The
+object store caches the latest weights for every producer. A version is never torn: each one is
+its own copy, and a newer version supersedes an older one that is still waiting to be sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.transport.handles import Handle
+from zbrl.types import WeightsMessage
+
+NamedTensors = Mapping[str, torch.Tensor]
+
+
+class WeightStore:
+    """Holds the announcement of the newest published version (a plain class; an actor in runs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: WeightsMessage | None = None
+
+    def put(self, message: WeightsMessage) -> bool:
+        with self._lock:
+            if self._latest is not None and message.version <= self._latest.version:
+                return False
+            self._latest = message
+            return True
+
+    def latest_version(self) -> int:
+        with self._lock:
+            return -1 if self._latest is None else self._latest.version
+
+    def latest(self) -> WeightsMessage | None:
+        with self._lock:
+            return self._latest
+
+
+def cpu_copy(named_tensors: NamedTensors) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of every tensor (the staging buffer of one version)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in named_tensors.items()}
+
+
+class WeightPublisher:
+    """Consumer side: copy to staging on the calling thread, send from a background thread."""
+
+    def __init__(self, store: Handle, recorder: SpanRecorder | None = None) -> None:
+        self._store = store
+        self._recorder = recorder
+        self._cond = threading.Condition()
+        self._pending: tuple[int, dict[str, torch.Tensor], float] | None = None
+        self._sent_version = -1
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="weight-publisher", daemon=True)
+        self._thread.start()
+
+    def publish(self, version: int, named_tensors: NamedTensors) -> None:
+        """Stage ``version`` and return at once; the send happens in the background."""
+        self._raise_if_failed()
+        staged = cpu_copy(named_tensors)
+        with self._cond:
+            self._pending = (version, staged, time.time())
+            self._cond.notify_all()
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Wait until the newest staged version has been announced."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending is not None and self._error is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"weights not published within {timeout}s")
+                self._cond.wait(remaining)
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    @property
+    def sent_version(self) -> int:
+        return self._sent_version
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"weight publishing failed: {self._error!r}") from self._error
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                version, staged, staged_at = self._pending
+            try:
+                self._send(version, staged, staged_at)
+            except BaseException as exc:  # surfaced on the next publish/flush
+                with self._cond:
+                    self._error = exc
+                    self._pending = None
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                if self._pending is not None and self._pending[0] == version:
+                    self._pending = None
+                self._sent_version = version
+                self._cond.notify_all()
+
+    def _send(self, version: int, staged: dict[str, torch.Tensor], staged_at: float) -> None:
+        start = time.time()
+        payload = self._store.put_object(staged)
+        self._store.call("put", WeightsMessage(version, staged_at, payload))
+        if self._recorder is not None:
+            self._recorder.record(
+                PUBLISH_WEIGHTS, start, time.time(), thread="weights", version=version
+            )
+
+
+class WeightReceiver:
+    """Producer side: a background thread fetches newer versions; the caller swaps them in."""
+
+    def __init__(
+        self,
+        store: Handle,
+        recorder: SpanRecorder | None = None,
+        poll_interval_s: float = 0.05,
+    ) -> None:
+        self._store = store
+        self._recorder = recorder
+        self._poll_interval_s = poll_interval_s
+        self._cond = threading.Condition()
+        self._fetched: WeightsMessage | None = None  # payload decoded to a state dict
+        self._loaded_version = -1
+        self._closed = False
+        self._error: BaseException | None = None
+        self.latencies_s: list[float] = []
+        self._thread = threading.Thread(target=self._loop, name="weight-receiver", daemon=True)
+        self._thread.start()
+
+    @property
+    def loaded_version(self) -> int:
+        return self._loaded_version
+
+    def poll(self) -> int:
+        """Newest version fetched and ready to load (-1 when none)."""
+        self._raise_if_failed()
+        with self._cond:
+            return -1 if self._fetched is None else self._fetched.version
+
+    def wait_for(self, version: int, timeout: float | None = None) -> bool:
+        """Block until a version >= ``version`` is fetched (or the receiver closes)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._closed and self._error is None and (
+                self._fetched is None or self._fetched.version < version
+            ):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        self._raise_if_failed()
+        return self._fetched is not None and self._fetched.version >= version
+
+    def receive_into(self, load: Callable[[dict[str, torch.Tensor]], Any]) -> bool:
+        """Load the newest fetched version through ``load`` if it is newer than the loaded one."""
+        self._raise_if_failed()
+        with self._cond:
+            message = self._fetched
+        if message is None or message.version <= self._loaded_version:
+            return False
+        start = time.time()
+        load(message.payload)
+        end = time.time()
+        self._loaded_version = message.version
+        self.latencies_s.append(end - message.published_at)
+        if self._recorder is not None:
+            self._recorder.record(LOAD_WEIGHTS, start, end, version=message.version)
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"weight receiving failed: {self._error!r}") from self._error
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                self._fetch_newer()
+            except BaseException as exc:
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                if not self._closed:
+                    self._cond.wait(self._poll_interval_s)
+
+    def _fetch_newer(self) -> None:
+        have = -1 if self._fetched is None else self._fetched.version
+        if self._store.call("latest_version") <= have:
+            return
+        message: WeightsMessage | None = self._store.call("latest")
+        if message is None or message.version <= have:
+            return
+        state = self._store.get_object(message.payload)
+        with self._cond:
+            self._fetched = WeightsMessage(message.version, message.published_at, state)
+            self._cond.notify_all()

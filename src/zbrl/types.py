@@ -1,0 +1,101 @@
+"""Wire types that cross process boundaries (producer → buffer → consumer, consumer → producers).
+
+Variable lengths stay variable: every completion keeps its own length; nothing here is padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class EncodedPrompt:
+    """A training prompt after the chat template: its token ids and the example it came from."""
+
+    uid: str
+    """Stable id of the dataset example (``file:line``)."""
+    prompt_ids: list[int]
+    """Prompt token ids with the generation prompt appended."""
+    example: dict[str, Any]
+    """The reward function's view of the example (``messages``, ``gt_answer`` / ``test_cases``)."""
+
+
+@dataclass
+class RolloutGroup:
+    """G completions of one prompt, scored, tagged with the policy version that generated them."""
+
+    uid: str
+    """Stable sample uid: the example uid plus epoch (``file:line@e0``)."""
+    prompt_ids: list[int]
+    """Prompt token ids (shared by the G completions)."""
+    response_ids: list[torch.Tensor]
+    """G int64 tensors, each [L_i]: the sampled tokens (EOS / stop string included)."""
+    behaviour_logprobs: list[torch.Tensor]
+    """G float32 tensors, each [L_i]: log-probs of the sampled tokens at the sampling temperature."""
+    rewards: list[float]
+    format_acc: list[float]
+    ans_acc: list[float]
+    truncated: list[bool]
+    """True where a completion hit ``max_new_tokens`` without EOS or a stop string."""
+    policy_version: int
+    """Version of the weights that generated every completion of the group."""
+    temperature: float
+    """Sampling temperature in force for this group (the trainer uses the same one)."""
+    producer: int
+    """Index of the producer that generated the group."""
+    ticket: int = -1
+    """Admission ticket granted by the buffer (orders consumption)."""
+    response_texts: list[str] = field(default_factory=list)
+    """Decoded completions (for rollout logs)."""
+    created_at: float = 0.0
+    """Wall time when the group was pushed."""
+
+    @property
+    def group_size(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [int(t.numel()) for t in self.response_ids]
+
+    @property
+    def mean_ans_acc(self) -> float:
+        return sum(self.ans_acc) / max(1, len(self.ans_acc))
+
+
+@dataclass
+class TrainBatch:
+    """The groups of one training step, as handed to a consumer."""
+
+    groups: list[RolloutGroup]
+    """Effective groups, in ticket order."""
+    step: int
+    """Index of the training step this batch feeds (the consumer's version before the step)."""
+    raw_groups: int
+    """Groups the buffer received for this batch, filtered ones included."""
+    raw_metrics: dict[str, float]
+    """Pre-filter reward / accuracy / length means over those raw groups."""
+    partial: bool = False
+    """True for the last batch of a run, smaller than ``train_batch_size``."""
+
+
+@dataclass
+class Reservation:
+    """Admission granted to a producer: tickets for n groups and the weights they need."""
+
+    tickets: list[int]
+    """One ticket per group the producer may generate."""
+    min_version: int
+    """Generate these groups with weights of at least this version (staleness bound)."""
+
+
+@dataclass
+class WeightsMessage:
+    """One published policy version (the payload is an object-store reference or a state dict)."""
+
+    version: int
+    published_at: float
+    payload: Any
