@@ -63,11 +63,15 @@ def import_object(path: str, kind: str = "object"):
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ImportError(f"cannot import module {module_name!r} for {kind} {path!r}: {exc}") from exc
+        raise ImportError(
+            f"cannot import module {module_name!r} for {kind} {path!r}: {exc}"
+        ) from exc
     try:
         obj = module
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise ImportError(f"module {module_name!r} has no attribute {attr!r} ({kind} {path!r})") from None
+        raise ImportError(
+            f"module {module_name!r} has no attribute {attr!r} ({kind} {path!r})"
+        ) from None
     return obj

@@ -34,7 +34,7 @@ class RolloutGroup:
     response_ids: list[torch.Tensor]
     """G int64 tensors, each [L_i]: the sampled tokens (EOS / stop string included)."""
     behaviour_logprobs: list[torch.Tensor]
-    """G float32 tensors, each [L_i]: log-probs of the sampled tokens at the sampling temperature."""
+    """G float32 tensors, each [L_i]: sampled tokens' log-probs at the sampling temperature."""
     rewards: list[float]
     format_acc: list[float]
     ans_acc: list[float]

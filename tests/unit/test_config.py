@@ -77,7 +77,7 @@ def test_overrides_parse_yaml_values():
 
 
 def test_override_without_equals_is_an_error():
-    with pytest.raises(ConfigError, match="section.field=value"):
+    with pytest.raises(ConfigError, match=r"section\.field=value"):
         apply_overrides({}, ["algorithm.lr"])
 
 

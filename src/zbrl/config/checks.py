@@ -22,7 +22,8 @@ def check_train_batching(cfg: RunConfig) -> None:
     rows = minibatch * cfg.rollout.generation.num_generations
     if t.train_microbatch_size > rows:
         raise ValueError(
-            f"training.train_microbatch_size ({t.train_microbatch_size}) exceeds the sequences of "
+            f"training.train_microbatch_size ({t.train_microbatch_size}) exceeds the sequences "
+            "of "
             f"one optimizer step ({minibatch} groups x G={cfg.rollout.generation.num_generations}"
             f" = {rows}); lower it to at most {rows}"
         )
@@ -30,7 +31,8 @@ def check_train_batching(cfg: RunConfig) -> None:
         raise ValueError(
             f"the sequences of one optimizer step ({minibatch} groups x "
             f"G={cfg.rollout.generation.num_generations} = {rows}) are not divisible by "
-            f"training.train_microbatch_size ({t.train_microbatch_size}); choose a divisor of {rows}"
+            f"training.train_microbatch_size ({t.train_microbatch_size}); "
+            f"choose a divisor of {rows}"
         )
     consumers = cfg.launch.num_consumers
     if t.train_batch_size % consumers:
@@ -60,7 +62,8 @@ def check_group_size(cfg: RunConfig) -> None:
         raise ValueError(
             f"algorithm.advantage={a.advantage!r} compares completions within a group, but "
             f"rollout.generation.num_generations is {g}: every advantage would be 0. Set "
-            "num_generations >= 2, or use advantage=reinforce_pp with reinforce_group_baseline=false"
+            "num_generations >= 2, or use advantage=reinforce_pp with "
+            "reinforce_group_baseline=false"
         )
 
 
@@ -91,8 +94,8 @@ def check_topology(cfg: RunConfig) -> None:
         )
     if la.num_consumers > 1 or la.parallel.fsdp_size > 1 or la.parallel.tp_size > 1:
         raise ValueError(
-            "multi-consumer training (launch.num_consumers > 1, fsdp_size or tp_size > 1) needs the "
-            "data-parallel engine, which this version does not ship yet; set num_consumers=1"
+            "multi-consumer training (launch.num_consumers > 1, fsdp_size or tp_size > 1) "
+            "needs the data-parallel engine, which this version does not ship yet; set num_consumers=1"
         )
     if cfg.rollout.backend.type == "vllm" and la.producer_num_gpus <= 0:
         raise ValueError(

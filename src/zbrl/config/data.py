@@ -27,7 +27,7 @@ class DataConfig(Section):
     train_path: str = EMBEDDED
     """Conversation JSONL or Parquet file, or ``embedded`` for the synthetic arithmetic task."""
     system_prompt: str | None = None
-    """System prompt added to every conversation without one; None uses the reward type's default."""
+    """System prompt added to conversations without one; None uses the reward type's default."""
     max_prompt_tokens: int = Field(default=512, ge=1)
     """Longest prompt (chat template applied) that is kept."""
     overlong_prompt: Literal["drop", "left_truncate"] = "drop"

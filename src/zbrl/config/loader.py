@@ -30,7 +30,9 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}"
+        )
     return data
 
 
@@ -116,7 +118,11 @@ def _known_fields(loc: tuple[Any, ...]) -> list[str]:
         if field is None:
             return []
         annotation = field.annotation
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
     return sorted(model.model_fields) if model is not None else []
 
 

@@ -9,7 +9,7 @@ from pydantic import Field
 from zbrl.config.base import Section
 
 EMBEDDED = "embedded"
-"""The value of ``model.path`` / ``data.train_path`` that selects the embedded default (DESIGN §4)."""
+"""``model.path`` / ``data.train_path`` value that selects the embedded default (DESIGN §4)."""
 
 
 class WarmStartConfig(Section):
@@ -27,7 +27,7 @@ class ModelConfig(Section):
     """The policy: a Hugging Face model directory, or the embedded tiny model."""
 
     path: str = EMBEDDED
-    """A local directory loadable with ``from_pretrained``, or ``embedded`` for the built-in model."""
+    """A local directory loadable with ``from_pretrained``, or ``embedded`` for the tiny model."""
     tokenizer_path: str | None = None
     """Tokenizer directory when it differs from ``path``; None uses ``path``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -30,6 +30,7 @@ Raw statuses in "done": ``ok`` (ran to completion; "stdout" or "ret" carries the
 """
 
 import builtins
+import errno
 import io
 import json
 import os
@@ -207,13 +208,17 @@ def main():
         "read_roots": read_roots(workdir),
     }
     del job["source"]
+    total = limits["total_timeout_s"]
+    total_end = time.monotonic() + float(total) if total is not None else float("inf")
     write_message({"ev": "ready"})
     for i, test_input in enumerate(job["inputs"]):
-        result = run_test(code, test_input, setup)
+        result = run_test(code, test_input, setup, total_end)
         result["ev"] = "done"
         result["i"] = i
         write_message(result)
-        if result["status"] == "timeout" and not limits["continue_after_timeout"]:
+        if result["status"] == "timeout" and (
+            result.get("total_exhausted") or not limits["continue_after_timeout"]
+        ):
             break
 
 
@@ -233,7 +238,7 @@ def _stdin_fd(text):
     return fd
 
 
-def run_test(code, test_input, setup):
+def run_test(code, test_input, setup, total_end):
     """Fork one test process, feed it, watch it; return the raw result for the parent."""
     limits = setup["limits"]
     fn_mode = setup["fn_name"] is not None
@@ -253,14 +258,18 @@ def run_test(code, test_input, setup):
             os._exit(exit_code)
     for fd in (stdin_fd, out_w, err_w, res_w):
         os.close(fd)
-    watch = watch_test(pid, start, out_r, err_r, res_r, limits)
+    deadline = min(start + float(limits["timeout_s"]), total_end)
+    watch = watch_test(pid, deadline, out_r, err_r, res_r, limits)
     duration = time.monotonic() - start
-    return classify(watch, fn_mode, duration, int(limits["cpu_s"]))
+    result = classify(watch, fn_mode, duration, int(limits["cpu_s"]))
+    if watch["killed_for"] == "timeout" and deadline == total_end:
+        result["total_exhausted"] = True
+        result["detail"] = "total time limit of the program exceeded"
+    return result
 
 
-def watch_test(pid, start, out_r, err_r, res_r, limits):
+def watch_test(pid, deadline, out_r, err_r, res_r, limits):
     """Collect the test process's output until it exits, killing it on a limit overrun."""
-    deadline = start + float(limits["timeout_s"])
     caps = {
         out_r: int(limits["max_output_bytes"]),
         err_r: int(limits["max_stderr_bytes"]),
@@ -393,8 +402,8 @@ def classify(watch, fn_mode, duration, cpu_limit):
             out["ret"] = report.get("ret")
         else:
             out["stdout"] = watch["stdout"].decode("utf-8", "replace")
-    elif kind == "memory":
-        out["status"] = "memory"
+    elif kind in ("memory", "output_limit"):
+        out["status"] = kind
     return out
 
 
@@ -482,6 +491,8 @@ def execute(code, fn_name, test_input, stderr):
     except MemoryError:
         return {"kind": "memory", "detail": "MemoryError"}
     except BaseException as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+            return {"kind": "output_limit", "detail": "file size limit exceeded"}
         try:
             print_candidate_traceback(exc, stderr)
         except BaseException:  # noqa: S110 - printing the traceback is best effort

@@ -73,7 +73,7 @@ class LengthShaping:
 
     @property
     def truncated_penalty(self) -> float:
-        return -self.max_penalty if self.truncated_value is None else self.truncated_value
+        return 0.0 - self.max_penalty if self.truncated_value is None else self.truncated_value
 
     def penalty(self, response_tokens: int, truncated: bool = False) -> float:
         """The additive penalty (<= 0) of a response of ``response_tokens`` generated tokens."""
@@ -84,4 +84,4 @@ class LengthShaping:
         excess = response_tokens - self.soft_start
         if excess <= 0:
             return 0.0
-        return -self.max_penalty * excess / self.cache_length
+        return 0.0 - self.max_penalty * excess / self.cache_length

@@ -369,6 +369,7 @@ def _run_runner(
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+        _wait_group_gone(proc.pid)
     return raws, proc.pid
 
 
@@ -380,6 +381,22 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _wait_group_gone(pgid: int, timeout_s: float = 2.0) -> None:
+    """Wait briefly until no process of the group is left.
+
+    The runner reaps its test processes itself, so normally the group is gone as soon as the
+    runner is. Only when the parent had to kill the runner mid-test is a test process orphaned;
+    init then reaps it, which this waits for so that callers see a clean process table.
+    """
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.01)
+
+
 def _collect(proc: subprocess.Popen, n_tests: int, limits: SandboxLimits) -> list[dict[str, Any]]:
     """Read the runner's reports, enforcing the startup, per-test and total deadlines."""
     assert proc.stdout is not None and proc.stderr is not None
@@ -387,7 +404,9 @@ def _collect(proc: subprocess.Popen, n_tests: int, limits: SandboxLimits) -> lis
     raws: list[dict[str, Any] | None] = [None] * n_tests
     start = time.monotonic()
     deadline = start + _STARTUP_S
-    total_end = start + limits.total_timeout_s if limits.total_timeout_s else float("inf")
+    total_end = float("inf")
+    if limits.total_timeout_s is not None:  # the runner enforces it; this is the backstop
+        total_end = start + _STARTUP_S + limits.total_timeout_s + _GRACE_S
     buf = bytearray()
     err_tail = bytearray()
     ready = False
@@ -437,7 +456,9 @@ def _fill_missing(
     """Statuses for the tests the runner did not report on."""
     done = [r for r in raws if r is not None]
     stopped_by_timeout = (
-        bool(done) and done[-1]["status"] == "timeout" and not limits.continue_after_timeout
+        bool(done)
+        and done[-1]["status"] == "timeout"
+        and (bool(done[-1].get("total_exhausted")) or not limits.continue_after_timeout)
     )
     filled: list[dict[str, Any]] = []
     first_missing = True

@@ -31,6 +31,8 @@ class ConsumerSettings:
     checkpoint_dir: str
     save_interval: int = 0
     save_final: bool = True
+    log_rollout_interval: int = 0
+    rollouts_per_log: int = 4
     poll_timeout_s: float = 1.0
 
 
@@ -58,6 +60,7 @@ class Consumer:
         *,
         tokenizer: Any = None,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
+        on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.trainer = trainer
@@ -66,6 +69,7 @@ class Consumer:
         self.recorder = recorder
         self.tokenizer = tokenizer
         self.on_step = on_step
+        self.on_rollouts = on_rollouts
         self.version = 0
         self.groups_trained = 0
         self.samples_trained = 0
@@ -119,6 +123,32 @@ class Consumer:
             self._save()
         if self.on_step is not None:
             self.on_step(self.version, metrics)
+        every = self.settings.log_rollout_interval
+        if self.on_rollouts is not None and every and self.version % every == 0:
+            self.on_rollouts(self.version, self._rollout_records(batch))
+
+    def _rollout_records(self, batch: TrainBatch) -> list[dict[str, Any]]:
+        """Decoded samples of a few groups, for ``rollouts.jsonl``."""
+        records = []
+        for group in batch.groups[: self.settings.rollouts_per_log]:
+            prompt = (
+                self.tokenizer.decode(group.prompt_ids, skip_special_tokens=False)
+                if self.tokenizer is not None
+                else None
+            )
+            records.append(
+                {
+                    "step": self.version,
+                    "uid": group.uid,
+                    "policy_version": group.policy_version,
+                    "prompt": prompt,
+                    "responses": group.response_texts,
+                    "rewards": group.rewards,
+                    "ans_acc": group.ans_acc,
+                    "truncated": group.truncated,
+                }
+            )
+        return records
 
     def _save(self) -> Path:
         path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"

@@ -55,9 +55,9 @@ class BufferStats:
 
     def as_dict(self) -> dict[str, float]:
         out = {k: float(v) for k, v in self.__dict__.items() if isinstance(v, int)}
-        out["sample_utilization"] = self.samples_trained / self.samples_generated if (
-            self.samples_generated
-        ) else 0.0
+        out["sample_utilization"] = (
+            self.samples_trained / self.samples_generated if (self.samples_generated) else 0.0
+        )
         return out
 
 
@@ -110,7 +110,9 @@ class RolloutBuffer:
         with self._cond:
             for group in groups:
                 if self._slots.get(group.ticket, _DROPPED) is not None:
-                    raise ValueError(f"group {group.uid} carries unknown or used ticket {group.ticket}")
+                    raise ValueError(
+                        f"group {group.uid} carries unknown or used ticket {group.ticket}"
+                    )
                 self._account_raw(group)
                 reason = self._filter_reason(group)
                 if reason is None:
@@ -136,7 +138,9 @@ class RolloutBuffer:
 
     # -- consumers -----------------------------------------------------------------------------
 
-    def take(self, n: int | None = None, timeout: float | None = None) -> tuple[str, TrainBatch | None]:
+    def take(
+        self, n: int | None = None, timeout: float | None = None
+    ) -> tuple[str, TrainBatch | None]:
         """Block until ``n`` effective groups are ready in ticket order and return them.
 
         Returns ``("batch", batch)``; when every producer has finished and fewer remain, they come

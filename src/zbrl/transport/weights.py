@@ -140,13 +140,17 @@ class WeightReceiver:
         store: Handle,
         recorder: SpanRecorder | None = None,
         poll_interval_s: float = 0.05,
+        *,
+        initial_version: int = -1,
     ) -> None:
+        """``initial_version``: the version already loaded (0 when the worker starts from the
+        same checkpoint the consumer starts from)."""
         self._store = store
         self._recorder = recorder
         self._poll_interval_s = poll_interval_s
         self._cond = threading.Condition()
         self._fetched: WeightsMessage | None = None  # payload decoded to a state dict
-        self._loaded_version = -1
+        self._loaded_version = initial_version
         self._closed = False
         self._error: BaseException | None = None
         self.latencies_s: list[float] = []
@@ -167,8 +171,10 @@ class WeightReceiver:
         """Block until a version >= ``version`` is fetched (or the receiver closes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while not self._closed and self._error is None and (
-                self._fetched is None or self._fetched.version < version
+            while (
+                not self._closed
+                and self._error is None
+                and (self._fetched is None or self._fetched.version < version)
             ):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:

@@ -43,9 +43,7 @@ class Completion:
 class InferenceBackend(Protocol):
     """Generation engine of a producer or evaluator."""
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams
-    ) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order."""
         ...
 

@@ -96,7 +96,9 @@ class TransformersBackend:
         out = torch.empty((n, length), dtype=torch.float32)
         for t in range(length):  # one step at a time: never a float32 copy of [L, N, V]
             step = logits_LNV[t].float().cpu() / temperature
-            out[:, t] = torch.log_softmax(step, dim=-1).gather(1, tokens_NL[:, t : t + 1]).squeeze(1)
+            out[:, t] = (
+                torch.log_softmax(step, dim=-1).gather(1, tokens_NL[:, t : t + 1]).squeeze(1)
+            )
         return out
 
     def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor, budget: int) -> Completion:

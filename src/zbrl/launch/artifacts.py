@@ -1,0 +1,65 @@
+"""What a run needs on disk before workers start: the model directory and the dataset files.
+
+The embedded default (DESIGN §4) is built here: the synthetic task's JSONL files and the
+warm-started tiny model, both cached under ``logging.cache_dir``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from zbrl.config import EMBEDDED, RunConfig
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    model_dir: Path
+    tokenizer_dir: Path
+    train_path: Path
+    eval_paths: dict[str, Path]
+
+
+def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
+    cache = Path(cfg.logging.cache_dir)
+    task_train = task_eval = None
+    uses_task = cfg.data.train_path == EMBEDDED or EMBEDDED in cfg.eval.sets.values()
+    if uses_task:
+        task_train, task_eval = _embedded_task(cfg, cache)
+    model_dir = _model_dir(cfg, cache, verbose)
+    tokenizer_dir = Path(cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_dir
+    train = task_train if cfg.data.train_path == EMBEDDED else _existing(cfg.data.train_path)
+    evals = {
+        name: (task_eval if path == EMBEDDED else _existing(path))
+        for name, path in cfg.eval.sets.items()
+    }
+    return Artifacts(model_dir, tokenizer_dir, train, evals)
+
+
+def _embedded_task(cfg: RunConfig, cache: Path) -> tuple[Path, Path]:
+    from zbrl.data.synthetic import write_task
+
+    s = cfg.data.synthetic
+    directory = cache / f"task-s{s.seed}-n{s.num_train}-e{s.num_eval}"
+    train, held_out = directory / "train.jsonl", directory / "eval.jsonl"
+    if not (train.is_file() and held_out.is_file()):
+        write_task(directory, n_train=s.num_train, n_eval=s.num_eval, seed=s.seed)
+    return train, held_out
+
+
+def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:
+    if cfg.model.path != EMBEDDED:
+        return _existing(cfg.model.path, what="model.path")
+    from zbrl.models.warm_start import ensure_warm_start
+
+    ws = cfg.model.warm_start
+    return ensure_warm_start(
+        cache, seed=cfg.seed, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr, verbose=verbose
+    )
+
+
+def _existing(path: str, what: str = "dataset") -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} {path!r} does not exist")
+    return p

@@ -1,0 +1,131 @@
+"""The driver's view of a running job: drains the telemetry hub into the run's files, keeps the
+progress bar, and computes live idle fractions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from zbrl.config import RunConfig
+from zbrl.telemetry.idle import role_idle_frac, worker_utilisation
+from zbrl.telemetry.metrics import JsonlSink, MetricsSink, MultiSink
+from zbrl.telemetry.spans import Span, as_span
+from zbrl.telemetry.timeline import TimelineWriter
+from zbrl.transport.handles import Handle
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+
+
+class RunMonitor:
+    """Collects everything workers report and shows progress."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, hub: Handle, total_steps: int) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.hub = hub
+        self.timeline = TimelineWriter(run_dir)
+        self.sink = _build_sinks(cfg, run_dir)
+        self.spans: list[Span] = []
+        self.step_metrics: dict[int, dict[str, float]] = {}
+        self.eval_results: dict[int, dict[str, dict[str, float]]] = {}
+        self.latest_step = 0
+        self.window_start: float | None = None
+        self._bar = _progress_bar(cfg, total_steps)
+        self._postfix: dict[str, str] = {}
+
+    def poll(self) -> None:
+        """Drain the hub: append spans, log metrics, write rollouts, refresh the bar."""
+        drained = self.hub.call("drain", timeout=60)
+        if drained["spans"]:
+            self.timeline.write(drained["spans"])
+            self.spans += [as_span(s) for s in drained["spans"]]
+        for step, metrics in drained["metrics"]:
+            self.step_metrics[step] = metrics
+            self.sink.log(step, _finite(metrics))
+            self._advance(step, metrics)
+        for kind, data in drained["events"]:
+            if kind == "rollouts":
+                with open(self.run_dir / ROLLOUTS_FILE, "a", encoding="utf-8") as f:
+                    for rec in data:
+                        f.write(json.dumps(rec) + "\n")
+        self._refresh_idle()
+
+    def record_eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
+        self.eval_results[step] = results
+        flat: dict[str, float] = {}
+        for name, metrics in results.items():
+            for key, value in metrics.items():
+                flat[f"eval/{name}/{key}"] = value
+        first = next(iter(results.values()), {})
+        if "accuracy" in first:
+            flat["eval_accuracy"] = first["accuracy"]
+            self._postfix["eval"] = f"{first['accuracy']:.2f}"
+        self.sink.log(step, flat)
+        self._show()
+
+    def idle_fractions(self, end: float) -> dict[str, float]:
+        if self.window_start is None or not self.spans or end <= self.window_start:
+            return {}
+        stats = worker_utilisation(self.spans, start=self.window_start, end=end)
+        out = {}
+        for role in ("producer", "consumer"):
+            try:
+                out[role] = role_idle_frac(stats, role)
+            except ValueError:
+                continue
+        return out
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self.sink.close()
+
+    def _advance(self, step: int, metrics: dict[str, float]) -> None:
+        if self._bar is not None and step > self.latest_step:
+            self._bar.update(step - self.latest_step)
+        self.latest_step = max(self.latest_step, step)
+        for key, label in (("reward", "reward"), ("ans_acc", "acc")):
+            if key in metrics:
+                self._postfix[label] = f"{metrics[key]:.2f}"
+
+    def _refresh_idle(self) -> None:
+        if self.spans:
+            end = max(s.end for s in self.spans[-50:])
+            for role, frac in self.idle_fractions(end).items():
+                self._postfix[f"idle_{role[0]}"] = f"{frac:.0%}"
+        self._show()
+
+    def _show(self) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix(self._postfix, refresh=True)
+
+
+def _build_sinks(cfg: RunConfig, run_dir: Path) -> MetricsSink:
+    sinks: list[MetricsSink] = [JsonlSink(run_dir)]
+    if cfg.logging.tensorboard:
+        from zbrl.telemetry.metrics import TensorBoardSink
+
+        sinks.append(TensorBoardSink(run_dir / "tb"))
+    if cfg.logging.wandb:
+        from zbrl.telemetry.metrics import WandbSink
+
+        sinks.append(WandbSink(cfg.logging.wandb_project, cfg.name, cfg.model_dump(mode="json")))
+    return MultiSink(sinks)
+
+
+def _progress_bar(cfg: RunConfig, total: int):
+    if not cfg.logging.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"zbrl {cfg.name}", unit="step", dynamic_ncols=True)
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool | int | float):
+            out[k] = float(v) if math.isfinite(float(v)) else float("nan")
+    return out

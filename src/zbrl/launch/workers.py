@@ -1,0 +1,270 @@
+"""Worker classes that run inside Ray actor processes: each builds its heavy state (models,
+backends) in its own process and wraps one plain role (Producer, Consumer, Evaluator)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zbrl.config import RunConfig
+from zbrl.launch import components
+from zbrl.telemetry.spans import SpanRecorder
+from zbrl.transport.handles import Handle, RayHandle
+from zbrl.transport.weights import WeightPublisher, WeightReceiver
+from zbrl.types import EncodedPrompt
+
+
+def _device(cfg: RunConfig) -> torch.device:
+    if cfg.training.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.training.device)
+
+
+def _dtype(cfg: RunConfig) -> torch.dtype:
+    return getattr(torch, cfg.model.dtype)
+
+
+def load_policy(cfg: RunConfig, model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=_dtype(cfg), trust_remote_code=cfg.model.trust_remote_code
+    )
+
+
+def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        tokenizer_dir, trust_remote_code=cfg.model.trust_remote_code
+    )
+
+
+def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
+    if cfg.rollout.backend.type != "transformers":
+        raise ValueError(
+            f"rollout.backend.type={cfg.rollout.backend.type!r} is not available in this version "
+            "of zbrl; use rollout.backend.type=transformers"
+        )
+    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+    tokenizer = load_tokenizer(cfg, tokenizer_dir)
+    return TransformersBackend(load_policy(cfg, model_dir), tokenizer, device=_device(cfg))
+
+
+class SpanFlusher:
+    """Sends a recorder's spans to the telemetry hub every ``interval_s`` from a daemon thread."""
+
+    def __init__(self, recorder: SpanRecorder, hub: Handle, interval_s: float = 1.0) -> None:
+        self.recorder = recorder
+        self.hub = hub
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="span-flusher", daemon=True)
+        self._thread.start()
+
+    def flush(self) -> None:
+        spans = self.recorder.drain()
+        if spans:
+            self.hub.call("add_spans", spans)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception:  # the hub is gone: the run is ending
+                return
+
+
+def _setup_process(cfg: RunConfig, seed_offset: int) -> None:
+    torch.set_num_threads(cfg.launch.torch_threads)
+    torch.manual_seed(cfg.seed + seed_offset)
+
+
+class ProducerWorker:
+    """A Producer in its own process."""
+
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        index: int,
+        model_dir: str,
+        tokenizer_dir: str,
+        prompts: list[EncodedPrompt],
+        buffer: Any,
+        store: Any,
+        hub: Any,
+    ) -> None:
+        from zbrl.rollout.producer import Producer
+
+        cfg = RunConfig.model_validate(cfg_data)
+        _setup_process(cfg, 1000 + index)
+        self.recorder = SpanRecorder(f"producer-{index}", "producer")
+        self.hub = RayHandle(hub)
+        backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
+        self.receiver = WeightReceiver(RayHandle(store), self.recorder, initial_version=0)
+        self.producer = Producer(
+            components.producer_settings(cfg, index),
+            prompts,
+            backend,
+            components.build_reward_fn(cfg),
+            RayHandle(buffer),
+            self.receiver,
+            self.recorder,
+        )
+
+    def run(self):
+        flusher = SpanFlusher(self.recorder, self.hub)
+        try:
+            return self.producer.run()
+        finally:
+            self.receiver.close()
+            flusher.stop()
+
+
+class ConsumerWorker:
+    """A Consumer (policy, optional frozen reference, optimizer) in its own process."""
+
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        index: int,
+        model_dir: str,
+        tokenizer_dir: str,
+        run_dir: str,
+        total_steps: int,
+        buffer: Any,
+        store: Any,
+        hub: Any,
+    ) -> None:
+        from zbrl.training.consumer import Consumer, ConsumerSettings
+
+        cfg = RunConfig.model_validate(cfg_data)
+        _setup_process(cfg, index)
+        self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
+        self.hub = RayHandle(hub)
+        device = _device(cfg)
+        tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
+        trainer = _build_trainer(cfg, Path(model_dir), tokenizer, device, total_steps)
+        self.publisher = WeightPublisher(RayHandle(store), self.recorder)
+        lg = cfg.logging
+        self.consumer = Consumer(
+            ConsumerSettings(
+                groups_per_step=cfg.training.train_batch_size // cfg.launch.num_consumers,
+                max_steps=cfg.training.max_steps,
+                checkpoint_dir=str(Path(run_dir) / "checkpoints"),
+                save_interval=lg.save_interval,
+                save_final=lg.save_final,
+                log_rollout_interval=lg.log_rollout_interval,
+                rollouts_per_log=lg.rollouts_per_log,
+            ),
+            trainer,
+            RayHandle(buffer),
+            self.publisher,
+            self.recorder,
+            tokenizer=tokenizer,
+            on_step=lambda step, m: self.hub.call("add_metrics", step, m),
+            on_rollouts=lambda step, recs: self.hub.call("add_event", "rollouts", recs),
+        )
+
+    def run(self):
+        flusher = SpanFlusher(self.recorder, self.hub)
+        try:
+            return self.consumer.run()
+        finally:
+            self.publisher.close()
+            flusher.stop()
+
+
+def _build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, device, total_steps: int):
+    from zbrl.training.schedule import lr_factor
+    from zbrl.training.train_step import Trainer
+
+    policy = load_policy(cfg, model_dir).to(device)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = None
+    if cfg.algorithm.beta > 0:
+        reference = load_policy(cfg, model_dir).to(device).eval()
+        reference.requires_grad_(False)
+    a = cfg.algorithm
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
+    )
+    optimizer_steps = total_steps * (cfg.training.train_batch_size // cfg.minibatch_size)
+    sched = a.lr_schedule
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(
+            step,
+            warmup_steps=sched.warmup_steps,
+            total_steps=optimizer_steps,
+            decay=sched.decay,
+            min_ratio=sched.min_lr_ratio,
+        ),
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return Trainer(
+        policy,
+        optimizer,
+        scheduler,
+        components.step_settings(cfg, pad_id),
+        reference=reference,
+        device=device,
+    )
+
+
+class EvaluatorWorker:
+    """Evaluates the newest published weights on the eval sets, on request."""
+
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        model_dir: str,
+        tokenizer_dir: str,
+        eval_sets: dict[str, list[EncodedPrompt]],
+        run_dir: str,
+        store: Any,
+        hub: Any,
+    ) -> None:
+        from zbrl.evaluation.evaluator import EvalSet, Evaluator
+
+        cfg = RunConfig.model_validate(cfg_data)
+        _setup_process(cfg, 999)
+        self.recorder = SpanRecorder("evaluator", "evaluator")
+        self.hub = RayHandle(hub)
+        backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
+        self.backend = backend
+        self.receiver = WeightReceiver(RayHandle(store), self.recorder, initial_version=0)
+        self.evaluator = Evaluator(
+            backend,
+            components.build_reward_fn(cfg),
+            [EvalSet(name, prompts) for name, prompts in eval_sets.items()],
+            components.eval_sampling_params(cfg),
+            batch_size=cfg.eval.batch_size,
+            out_dir=Path(run_dir) / "eval",
+        )
+
+    def evaluate(self, step: int, version: int) -> dict[str, dict[str, float]]:
+        from zbrl.telemetry.spans import EVAL
+
+        if version > self.receiver.loaded_version:
+            if not self.receiver.wait_for(version, timeout=300):
+                raise TimeoutError(f"evaluator: weights version {version} never arrived")
+            self.receiver.receive_into(self.backend.load_weights)
+        with self.recorder.span(EVAL, step=step, version=self.receiver.loaded_version):
+            torch.manual_seed(12345)  # the same sampling noise for every eval
+            results = self.evaluator.run(step)
+        self.hub.call("add_spans", self.recorder.drain())
+        return results
+
+    def close(self) -> None:
+        self.receiver.close()

@@ -1,0 +1,80 @@
+"""The ``boxed`` reward: the final answer is the last ``\\boxed{…}`` (or ``\\fbox{…}``).
+
+Braces are matched with nesting (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; escaped
+``\\{``/``\\}`` do not count). "Last" means the last top-level box: a box inside another box is
+part of the outer one, and when the last box never closes (a truncated response) there is no
+answer. The format is valid iff a boxed answer exists and each of the optional ``tags`` occurs
+exactly once. Scoring is :class:`~zbrl.rewards.answer_check.MathAnswerReward`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, MathAnswerReward, match_brace
+from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.registry import register_reward
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last top-level ``\\boxed{…}``/``\\fbox{…}``, or None."""
+    found: str | None = None
+    pos = 0
+    while True:
+        m = _BOX.search(text, pos)
+        if m is None:
+            return found
+        open_index = m.end() - 1
+        close = match_brace(text, open_index)
+        if close is None:
+            return None  # the last box never closes
+        found = text[open_index + 1 : close]
+        pos = close + 1
+
+
+@register_reward("boxed")
+class BoxedReward(MathAnswerReward):
+    """Reward for responses whose final answer is in ``\\boxed{}``, checked against ``gt_answer``."""
+
+    name = "boxed"
+
+    def __init__(
+        self,
+        *,
+        tags: Sequence[str] = (),
+        correct_reward: float = 1.0,
+        wrong_reward: float = 0.0,
+        format_reward: float = 0.0,
+        length_shaping: LengthShaping | Mapping[str, Any] | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        answer_field: str = "gt_answer",
+    ) -> None:
+        super().__init__(
+            correct_reward=correct_reward,
+            wrong_reward=wrong_reward,
+            format_reward=format_reward,
+            length_shaping=length_shaping,
+            timeout_s=timeout_s,
+            answer_field=answer_field,
+        )
+        tags = (tags,) if isinstance(tags, str) else tuple(tags)
+        if not all(isinstance(t, str) and t for t in tags):
+            raise ValueError(f"boxed: tags must be non-empty strings, got {tags!r}")
+        self.tags = tags
+
+    def extract(self, response: str) -> tuple[str | None, bool, str | None]:
+        answer = last_boxed(response)
+        answer = answer.strip() if answer is not None else None
+        if answer is None:
+            return None, False, "no complete \\boxed{} answer"
+        if not answer:
+            return None, False, "empty \\boxed{}"
+        for tag in self.tags:
+            count = response.count(tag)
+            if count != 1:
+                return answer, False, f"{tag} occurs {count} times (expected once)"
+        return answer, True, None

@@ -1,0 +1,467 @@
+"""The code sandbox: correct programs pass, and runaway or hostile programs are contained.
+
+Every containment test checks three things: the program was stopped or denied, it is scored as a
+failure, and this (calling) process is unharmed — the sandbox still runs a correct program and no
+process of the candidate's process group is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from zbrl.rewards import sandbox
+from zbrl.rewards.sandbox import (
+    ProgramResult,
+    SandboxLimits,
+    TestCase,
+    normalise_stdout,
+    parse_call_args,
+    run_program,
+    run_programs,
+)
+
+LIMITS = SandboxLimits(timeout_s=1.0, memory_mb=256)
+ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+ADD_TESTS = [TestCase("1 2\n", "3\n"), TestCase("10 -3\n", "7\n")]
+
+
+def _processes_in_group(pgid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid:  # fields after "(comm)": state, ppid, pgrp, ...
+            pids.append(int(name))
+    return pids
+
+
+def assert_contained(result: ProgramResult) -> None:
+    """Failed, nothing left running, and the sandbox still works for the next program."""
+    assert not result.all_passed
+    assert result.pass_fraction < 1.0
+    assert result.pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(result.pid, 0)
+    assert _processes_in_group(result.pid) == []
+    follow_up = run_program(ADD, ADD_TESTS, limits=LIMITS)
+    assert follow_up.statuses == ["pass", "pass"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Correct and incorrect programs
+# ------------------------------------------------------------------------------------------------
+
+
+def test_stdin_stdout_program_passes() -> None:
+    result = run_program(ADD, ADD_TESTS, limits=LIMITS)
+    assert result.statuses == ["pass", "pass"]
+    assert result.passed == [True, True]
+    assert result.pass_fraction == 1.0
+    assert result.all_passed
+    assert all(t.duration_s > 0 for t in result.tests)
+
+
+def test_whitespace_is_normalised_per_line() -> None:
+    source = "print('1   ')\nprint()\nprint('2\\t')\nprint()\nprint()\n"
+    result = run_program(source, [TestCase("", "1\n\n2")], limits=LIMITS)
+    assert result.statuses == ["pass"]
+    assert normalise_stdout("a  \r\nb\n\n\n") == ["a", "b"]
+    # Interior blank lines and leading spaces still matter.
+    assert run_program(source, [TestCase("", "1\n2")], limits=LIMITS).statuses == ["wrong_answer"]
+    assert run_program("print(' 3')", [TestCase("", "3")], limits=LIMITS).statuses == [
+        "wrong_answer"
+    ]
+
+
+def test_wrong_answer_fails_only_the_wrong_tests() -> None:
+    result = run_program(ADD, [TestCase("1 2\n", "3\n"), TestCase("2 2\n", "5\n")], limits=LIMITS)
+    assert result.statuses == ["pass", "wrong_answer"]
+    assert result.pass_fraction == 0.5
+    assert not result.all_passed
+
+
+def test_syntax_error_fails_every_test() -> None:
+    result = run_program("def f(:\n    pass\n", ADD_TESTS, limits=LIMITS)
+    assert result.statuses == ["runtime_error", "runtime_error"]
+    assert "SyntaxError" in result.tests[0].stderr_tail
+    assert result.pass_fraction == 0.0
+
+
+def test_exception_is_a_runtime_error_with_stderr_tail() -> None:
+    source = "import sys\nprint('partial')\nprint('oops', file=sys.stderr)\nraise KeyError('boom')\n"
+    result = run_program(source, [TestCase("", "partial")], limits=LIMITS)
+    assert result.statuses == ["runtime_error"]
+    assert "oops" in result.tests[0].stderr_tail
+    assert "KeyError" in result.tests[0].detail
+    assert "_sandbox_runner" not in result.tests[0].stderr_tail  # only the program's frames
+
+
+def test_exit_and_stdin_idioms_work() -> None:
+    source = (
+        "import sys\n"
+        "data = sys.stdin.buffer.read().split()\n"
+        "print(sum(map(int, data)))\n"
+        "sys.stdout.flush()\n"
+        "exit()\n"
+    )
+    assert run_program(source, [TestCase("1 2 3\n", "6")], limits=LIMITS).statuses == ["pass"]
+    source = "print(sum(map(int, open(0).read().split())))\nquit(0)\n"
+    assert run_program(source, [TestCase("4 5", "9")], limits=LIMITS).statuses == ["pass"]
+    failing_exit = "print(3)\nraise SystemExit(2)\n"
+    assert run_program(failing_exit, [TestCase("", "3")], limits=LIMITS).statuses == [
+        "runtime_error"
+    ]
+
+
+def test_stdlib_imports_and_workdir_files_work() -> None:
+    source = (
+        "import collections, heapq, bisect, itertools, functools, math, re, json, fractions\n"
+        "import decimal, datetime, random, string, statistics, typing, dataclasses, threading\n"
+        "from collections import namedtuple\n"
+        "P = namedtuple('P', 'x y')\n"
+        "with open('scratch.txt', 'w') as f:\n"
+        "    f.write('ok')\n"
+        "t = threading.Thread(target=lambda: None)\n"
+        "t.start(); t.join()\n"
+        "print(open('scratch.txt').read(), P(1, 2).y, math.gcd(12, 18))\n"
+    )
+    assert run_program(source, [TestCase("", "ok 2 6")], limits=LIMITS).statuses == ["pass"]
+
+
+def test_each_test_runs_in_a_fresh_process() -> None:
+    source = "import sys\nseen = getattr(sys, 'zbrl_seen', 0)\nsys.zbrl_seen = seen + 1\nprint(seen)\n"
+    result = run_program(source, [TestCase("", "0")] * 3, limits=LIMITS)
+    assert result.statuses == ["pass"] * 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Function-call tests
+# ------------------------------------------------------------------------------------------------
+
+
+def test_function_call_top_level_function() -> None:
+    source = "def add(a, b):\n    return a + b\n"
+    tests = [TestCase("[1, 2]", "3"), TestCase("[[1], [2]]", "[1, 2]"), TestCase("[1, 1]", "3")]
+    result = run_program(source, tests, fn_name="add", limits=LIMITS)
+    assert result.statuses == ["pass", "pass", "wrong_answer"]
+
+
+def test_function_call_solution_class_and_json_normalisation() -> None:
+    source = (
+        "class Solution:\n"
+        "    def twoSum(self, nums, target):\n"
+        "        seen = {}\n"
+        "        for i, x in enumerate(nums):\n"
+        "            if target - x in seen:\n"
+        "                return (seen[target - x], i)\n"
+        "            seen[x] = i\n"
+    )
+    tests = [TestCase("[[2, 7, 11, 15], 9]", "[0, 1]"), TestCase("[3, 2, 4]\n6", "[1, 2]")]
+    result = run_program(source, tests, fn_name="twoSum", limits=LIMITS)
+    assert result.statuses == ["pass", "pass"]  # tuple == list after JSON; one arg per line
+
+
+def test_function_call_wrapped_expected_value_and_failures() -> None:
+    source = "def f(x):\n    return x * 2\n"
+    assert run_program(source, [TestCase("[4]", "[8]")], fn_name="f", limits=LIMITS).all_passed
+    missing = run_program(source, [TestCase("[4]", "8")], fn_name="g", limits=LIMITS)
+    assert missing.statuses == ["runtime_error"]
+    assert "neither g()" in missing.tests[0].detail
+    unserialisable = run_program(
+        "def f(x):\n    return {x}\n", [TestCase("[1]", "[1]")], fn_name="f", limits=LIMITS
+    )
+    assert unserialisable.statuses == ["runtime_error"]
+
+
+def test_parse_call_args_formats() -> None:
+    assert parse_call_args("[1, [2, 3], \"a\"]") == [1, [2, 3], "a"]
+    assert parse_call_args("[1, 2]\n3\n\n\"x\"") == [[1, 2], 3, "x"]
+    assert parse_call_args("5") == [5]
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        parse_call_args("1\nnot json")
+
+
+def test_invalid_tests_are_rejected_before_running() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        run_program(ADD, [], limits=LIMITS)
+    with pytest.raises(ValueError, match="test 1: expected return value is not JSON"):
+        run_program("def f(): pass", [TestCase("[]", "1"), TestCase("[]", "abc")], fn_name="f")
+    with pytest.raises(ValueError, match="candidate 1: test 0"):
+        run_programs([(ADD, ADD_TESTS, None), ("", [TestCase("x y", "1")], "f")])
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        SandboxLimits(timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb must be at least 64"):
+        SandboxLimits(memory_mb=8)
+
+
+# ------------------------------------------------------------------------------------------------
+# Containment
+# ------------------------------------------------------------------------------------------------
+
+
+def test_infinite_loop_times_out_and_skips_the_rest() -> None:
+    source = "n = int(input())\nwhile n == 1:\n    pass\nprint(n)\n"
+    tests = [TestCase("0", "0"), TestCase("1", "1"), TestCase("2", "2")]
+    result = run_program(source, tests, limits=LIMITS)
+    assert result.statuses == ["pass", "timeout", "skipped"]
+    assert_contained(result)
+    keep_going = SandboxLimits(timeout_s=1.0, memory_mb=256, continue_after_timeout=True)
+    result = run_program(source, tests, limits=keep_going)
+    assert result.statuses == ["pass", "timeout", "pass"]
+    assert_contained(result)
+
+
+def test_cpu_time_limit_kills_busy_loop() -> None:
+    limits = SandboxLimits(timeout_s=10.0, cpu_s=1, memory_mb=256)
+    result = run_program("while True:\n    pass\n", [TestCase("", "")], limits=limits)
+    assert result.statuses == ["timeout"]
+    assert "CPU" in result.tests[0].detail
+    assert_contained(result)
+
+
+def test_sleeping_program_and_total_timeout() -> None:
+    limits = SandboxLimits(timeout_s=1.0, memory_mb=256, total_timeout_s=1.0)
+    source = "import time\ntime.sleep(0.6)\nprint(1)\n"
+    result = run_program(source, [TestCase("", "1")] * 3, limits=limits)
+    assert result.statuses == ["pass", "timeout", "skipped"]
+    assert_contained(result)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nwhile True:\n    os.fork()\n",
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        "import subprocess\nsubprocess.run(['sleep', '100'])\n",
+        "import os\nos.system('sleep 100 &')\n",
+        "import os\nos.posix_spawn('/bin/sleep', ['sleep', '100'], {})\n",
+        "import os\nos.execv('/bin/sleep', ['sleep', '100'])\n",
+        "import multiprocessing\nmultiprocessing.Process(target=print).start()\n",
+        "import importlib\nimportlib.import_module('_posixsubprocess')\n",
+    ],
+    ids=["fork", "fork-retry", "subprocess", "system", "posix_spawn", "exec", "mp", "raw"],
+)
+def test_process_creation_is_contained(source: str) -> None:
+    result = run_program(source, [TestCase("", "never")], limits=LIMITS)
+    assert result.statuses[0] in ("runtime_error", "timeout")
+    assert_contained(result)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x = bytearray(50 * 1024 ** 3)\nprint(len(x))\n",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n",
+        "s = [0] * 10\nwhile True:\n    s = s + s\n",
+    ],
+    ids=["bytearray-50GiB", "growing-list", "doubling"],
+)
+def test_huge_allocation_is_a_memory_failure(source: str) -> None:
+    result = run_program(source, [TestCase("", "1")], limits=LIMITS)
+    assert result.statuses == ["memory"]
+    assert_contained(result)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "while True:\n    print('spam' * 100)\n",
+        "import sys\nwhile True:\n    sys.stdout.buffer.write(b'x' * 4096)\n",
+        "import sys\nwhile True:\n    sys.stderr.write('e' * 4096)\n",
+        "def f():\n    return 'x' * (10 ** 6)\n",
+    ],
+    ids=["print", "buffer", "stderr", "return-value"],
+)
+def test_endless_output_is_an_output_limit(source: str) -> None:
+    fn_name = "f" if "def f" in source else None
+    test = TestCase("[]", '"x"') if fn_name else TestCase("", "spam")
+    result = run_program(source, [test], fn_name=fn_name, limits=LIMITS)
+    assert result.statuses == ["output_limit"]
+    assert_contained(result)
+
+
+def test_large_file_write_is_capped() -> None:
+    limits = SandboxLimits(timeout_s=2.0, memory_mb=256, max_file_bytes=1024 * 1024)
+    source = "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * 65536)\n"
+    result = run_program(source, [TestCase("", "")], limits=limits)
+    assert result.statuses == ["output_limit"]
+    assert_contained(result)
+
+
+@pytest.mark.parametrize("how", ["open", "os.open", "pathlib", "rename", "chdir"])
+def test_write_outside_the_workdir_is_denied(how: str) -> None:
+    target = f"/tmp/zbrl_escape_{uuid.uuid4().hex}"
+    sources = {
+        "open": f"open({target!r}, 'w').write('escaped')\nprint('done')\n",
+        "os.open": f"import os\nos.open({target!r}, os.O_WRONLY | os.O_CREAT)\nprint('done')\n",
+        "pathlib": f"import pathlib\npathlib.Path({target!r}).write_text('x')\nprint('done')\n",
+        "rename": f"import os\nopen('a', 'w').close()\nos.rename('a', {target!r})\nprint('done')\n",
+        "chdir": f"import os\nos.chdir('/tmp')\nopen({target!r}[5:], 'w').close()\nprint('done')\n",
+    }
+    try:
+        result = run_program(sources[how], [TestCase("", "done")], limits=LIMITS)
+        assert not os.path.exists(target)
+        assert result.statuses == ["runtime_error"]
+        assert "not allowed" in result.tests[0].detail
+        assert_contained(result)
+    finally:
+        if os.path.exists(target):
+            os.remove(target)
+
+
+def test_workdir_is_fresh_and_removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    made: list[str] = []
+
+    def mkdtemp(prefix: str = "") -> str:
+        path = tmp_path / f"{prefix}{len(made)}"
+        path.mkdir()
+        made.append(os.path.realpath(path))
+        return str(path)
+
+    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", mkdtemp)
+    expected = os.path.realpath(tmp_path / "zbrl-sandbox-0")
+    source = "import os\nopen('left.txt', 'w').close()\nprint(os.path.realpath(os.getcwd()))\n"
+    result = run_program(source, [TestCase("", expected)], limits=LIMITS)
+    assert result.statuses == ["pass"]
+    assert made == [expected]
+    assert not os.path.exists(expected)
+
+
+def test_reading_private_files_is_denied() -> None:
+    for path in ("/etc/passwd", f"/proc/{os.getpid()}/environ", str(Path.home())):
+        source = f"import os\nprint(open({path!r}).read()[:10] if os.path.isfile({path!r}) else os.listdir({path!r}))\n"
+        result = run_program(source, [TestCase("", "x")], limits=LIMITS)
+        assert result.statuses == ["runtime_error"], path
+        assert "not allowed" in result.tests[0].detail
+    assert_contained(result)
+
+
+def test_parent_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ZBRL_SECRET", secret)
+    source = (
+        "import os\n"
+        f"secret = {secret!r}\n"
+        "leak = any('ZBRL_SECRET' in k or secret in v for k, v in os.environ.items())\n"
+        f"for path in ('/proc/{os.getpid()}/environ', '/proc/{os.getppid()}/environ'):\n"
+        "    try:\n"
+        "        leak = leak or secret.encode() in open(path, 'rb').read()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('LEAK' if leak else 'CLEAN')\n"
+        "print(sorted(os.environ))\n"
+    )
+    expected = "CLEAN\n['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']\n"
+    result = run_program(source, [TestCase("", expected)], limits=LIMITS)
+    assert result.statuses == ["pass"]
+    assert os.environ["ZBRL_SECRET"] == secret
+
+
+@pytest.mark.parametrize("namespace", [True, False], ids=["netns-if-available", "hook-only"])
+def test_network_access_is_blocked(namespace: bool) -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        source = (
+            "def attempt():\n"
+            "    try:\n"
+            "        import socket\n"
+            f"        socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "        return True\n"
+            "    except Exception:\n"
+            "        pass\n"
+            "    try:\n"
+            "        import _socket\n"
+            "        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+            "        s.settimeout(1)\n"
+            f"        s.connect(('127.0.0.1', {port}))\n"
+            "        return True\n"
+            "    except Exception:\n"
+            "        pass\n"
+            "    try:\n"
+            "        import sys, importlib\n"
+            "        sys.meta_path[:] = [m for m in sys.meta_path if 'Blocker' not in type(m).__name__]\n"
+            "        sock = importlib.import_module('socket')\n"
+            f"        sock.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "        return True\n"
+            "    except Exception:\n"
+            "        pass\n"
+            "    return False\n"
+            "print('connected' if attempt() else 'blocked')\n"
+        )
+        limits = SandboxLimits(timeout_s=3.0, memory_mb=256, network_namespace=namespace)
+        result = run_program(source, [TestCase("", "connected")], limits=limits)
+        assert result.statuses == ["wrong_answer"]  # ran to the end, printed "blocked"
+        if not namespace:
+            assert not result.network_namespace
+        listener.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+        assert_contained(result)
+    finally:
+        listener.close()
+
+
+def test_killing_other_processes_is_denied() -> None:
+    source = f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\nprint('x')\n"
+    result = run_program(source, [TestCase("", "x")], limits=LIMITS)
+    assert result.statuses == ["runtime_error"]
+    assert_contained(result)
+
+
+def test_leftover_thread_does_not_outlive_the_test() -> None:
+    source = (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(100,), daemon=False).start()\n"
+        "print('done')\n"
+    )
+    result = run_program(source, [TestCase("", "done")], limits=LIMITS)
+    assert result.statuses == ["pass"]
+    assert _processes_in_group(result.pid) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Batches
+# ------------------------------------------------------------------------------------------------
+
+
+def test_batch_of_64_with_infinite_loops() -> None:
+    doubler = "print(int(input()) * 2)\n"
+    looper = "x = int(input())\nwhile True:\n    x += 1\n"
+    looping = {i for i in range(64) if i % 8 == 3}
+    candidates = [
+        (looper if i in looping else doubler, [TestCase(f"{i}\n", f"{2 * i}\n")], None)
+        for i in range(64)
+    ]
+    limits = SandboxLimits(timeout_s=1.0, memory_mb=256)
+    results = run_programs(candidates, limits, max_workers=2)
+    assert len(results) == 64
+    timed_out = {i for i, r in enumerate(results) if r.statuses == ["timeout"]}
+    passed = {i for i, r in enumerate(results) if r.statuses == ["pass"]}
+    assert timed_out == looping
+    assert len(looping) == 8
+    assert passed == set(range(64)) - looping
+    for result in results:
+        assert _processes_in_group(result.pid) == []
+
+
+def test_run_programs_keeps_order_and_handles_empty_input() -> None:
+    assert run_programs([], LIMITS) == []
+    candidates = [(f"print({i})", [TestCase("", str(i))], None) for i in range(6)]
+    candidates[2] = ("print('wrong')", [TestCase("", "2")], None)
+    results = run_programs(candidates, LIMITS, max_workers=3)
+    assert [r.statuses[0] for r in results] == ["pass", "pass", "wrong_answer"] + ["pass"] * 3
+    with pytest.raises(ValueError, match="max_workers"):
+        run_programs(candidates, LIMITS, max_workers=0)
