@@ -115,8 +115,8 @@ def test_override_without_equals_is_an_error():
             ["cache_length", "max_new_tokens"],
         ),
         (
-            ["reward.soft_overlong_punishment=true", "reward.truncated_reward=0.5"],
-            ["truncated_reward", "at most -1.0"],
+            ["reward.soft_overlong_punishment=true", "reward.truncated_penalty=-0.5"],
+            ["truncated_penalty", "at most -1.0"],
         ),
         (["rollout.backend.type=vllm"], ["producer_num_gpus"]),
         (["transport.buffer_capacity=2"], ["buffer_capacity", "train_batch_size"]),

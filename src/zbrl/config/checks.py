@@ -77,11 +77,11 @@ def check_length_shaping(cfg: RunConfig) -> None:
             f"reward.cache_length ({rw.cache_length}) must be smaller than "
             f"rollout.generation.max_new_tokens ({budget}); DAPO uses min(1024, max_new_tokens/4)"
         )
-    floor = rw.wrong_reward - rw.overlong_penalty
-    if rw.truncated_reward is not None and rw.truncated_reward > floor:
+    floor = -rw.overlong_penalty
+    if rw.truncated_penalty is not None and rw.truncated_penalty > floor:
         raise ValueError(
-            f"reward.truncated_reward ({rw.truncated_reward}) would score a truncated response "
-            f"better than one just under the limit ({floor}); set it to at most {floor}"
+            f"reward.truncated_penalty ({rw.truncated_penalty}) would score a truncated response "
+            f"better than one just under the limit (penalty {floor}); set it to at most {floor}"
         )
 
 
@@ -95,7 +95,8 @@ def check_topology(cfg: RunConfig) -> None:
     if la.num_consumers > 1 or la.parallel.fsdp_size > 1 or la.parallel.tp_size > 1:
         raise ValueError(
             "multi-consumer training (launch.num_consumers > 1, fsdp_size or tp_size > 1) "
-            "needs the data-parallel engine, which this version does not ship yet; set num_consumers=1"
+            "needs the data-parallel engine, which this version does not ship yet; "
+            "set num_consumers=1"
         )
     if cfg.rollout.backend.type == "vllm" and la.producer_num_gpus <= 0:
         raise ValueError(

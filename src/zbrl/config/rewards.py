@@ -48,9 +48,9 @@ class RewardConfig(Section):
     """Length of the punishment zone; None means min(1024, max_new_tokens // 4)."""
     overlong_penalty: float = Field(default=1.0, ge=0)
     """Largest soft overlong penalty (reached at the generation limit)."""
-    truncated_reward: float | None = None
-    """Reward of a truncated response; None means ``wrong_reward - overlong_penalty`` when shaping
-    is on (never better than a response just under the limit)."""
+    truncated_penalty: float | None = None
+    """Penalty added to a truncated response when shaping is on; None means ``-overlong_penalty``.
+    Must be <= -overlong_penalty so truncation never beats a response just under the limit."""
     extra: list[ExtraReward] = Field(default_factory=list)
     """Further rewards added with weights (format bonus, length, user functions)."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)

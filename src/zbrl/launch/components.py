@@ -63,7 +63,7 @@ def length_shaping(cfg: RunConfig) -> LengthShaping | None:
         max_new_tokens=cfg.rollout.generation.max_new_tokens,
         cache_length=cfg.cache_length,
         max_penalty=rw.overlong_penalty,
-        truncated_value=rw.truncated_reward,
+        truncated_value=rw.truncated_penalty,
     )
 
 

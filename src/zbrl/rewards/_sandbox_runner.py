@@ -5,17 +5,22 @@ directory with a minimal environment, as the leader of its own process group. Th
 standalone script: it imports only the standard library, and never ``subprocess``, ``socket`` or
 ``ctypes`` (the candidate program inherits this interpreter's memory through ``fork``).
 
-Protocol. The parent writes ``job.json`` into the working directory::
+Protocol. The parent writes ``job.marshal`` (a :mod:`marshal` dump) into the working directory::
 
-    {"source": str, "fn_name": str | null, "inputs": [str, ...], "limits": {...}}
+    {"source": str, "fn_name": str | None, "inputs": [str, ...], "limits": {...}}
 
 For stdin/stdout programs each input is the text fed to stdin; for function calls it is the JSON
 list of positional arguments. Expected outputs are never sent here: the parent compares. The
-runner reads and deletes the job, compiles the source once, and writes JSON lines to its stdout:
+runner reads and deletes the job, compiles the source once, and writes one line per message to its
+stdout, each the ``repr`` of a dict of literals (the parent reads them with ``ast.literal_eval``):
 
     {"ev": "ready"}                                  compiled; tests follow
     {"ev": "compile_error", "error": str}            the source does not compile; nothing ran
     {"ev": "done", "i": int, "status": str, ...}     one per test, in order
+
+Start-up cost matters (one runner per candidate), so the runner imports only built-in and small
+modules; ``json`` (for return values) is imported only in function-call mode and ``traceback``
+only when something fails.
 
 Each test runs in a fresh process forked from this one (the "test process"), so module state never
 leaks between tests and a crash or kill affects one test only. The test process rewires fds 0/1/2
@@ -29,18 +34,15 @@ Raw statuses in "done": ``ok`` (ran to completion; "stdout" or "ret" carries the
 ``timeout``, ``memory``, ``output_limit``, ``runtime_error``.
 """
 
+import _signal
 import builtins
 import errno
-import io
-import json
+import marshal
 import os
 import resource
-import selectors
-import signal
+import select
 import sys
 import time
-import traceback
-import types
 
 STDERR_TAIL_BYTES = 2048
 RESULT_FD = 3
@@ -128,6 +130,11 @@ PATH_EVENTS = {
 }
 LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})
 STD_STREAM_PATHS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
+REPORT_KINDS = frozenset({"ok", "error", "memory", "output_limit"})
+SIGNAL_NAMES = {
+    getattr(_signal, name): name
+    for name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGKILL", "SIGTERM")
+}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -141,7 +148,7 @@ class SandboxViolation(PermissionError):
 
 
 def write_message(obj):
-    data = (json.dumps(obj) + "\n").encode("utf-8")
+    data = (repr(obj) + "\n").encode("utf-8", "backslashreplace")
     while data:
         written = os.write(1, data)
         data = data[written:]
@@ -183,9 +190,9 @@ def read_roots(workdir):
 
 
 def main():
-    with open("job.json", "rb") as f:
-        job = json.loads(f.read())
-    os.unlink("job.json")
+    with open("job.marshal", "rb") as f:
+        job = marshal.load(f)
+    os.unlink("job.marshal")
     limits = job["limits"]
     workdir = os.path.realpath(os.getcwd())
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -197,9 +204,14 @@ def main():
     try:
         code = compile(job["source"], "<solution>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as exc:
+        import traceback
+
         text = "".join(traceback.format_exception_only(type(exc), exc))
         write_message({"ev": "compile_error", "error": text[-STDERR_TAIL_BYTES:]})
         return
+    if job["fn_name"] is not None:
+        import json  # noqa: F401 - imported once here, inherited by every test process
+
     setup = {
         "fn_name": job["fn_name"],
         "limits": limits,
@@ -277,12 +289,12 @@ def watch_test(pid, deadline, out_r, err_r, res_r, limits):
     }
     data = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
     totals = dict.fromkeys(data, 0)
-    sel = selectors.DefaultSelector()
+    poller = select.poll()
     for fd in data:
-        sel.register(fd, selectors.EVENT_READ)
+        poller.register(fd, select.POLLIN)
     pidfd = _pidfd_open(pid)
     if pidfd is not None:
-        sel.register(pidfd, selectors.EVENT_READ)
+        poller.register(pidfd, select.POLLIN)
     open_pipes = len(data)
     exited = False
     killed_for = None
@@ -302,15 +314,14 @@ def watch_test(pid, deadline, out_r, err_r, res_r, limits):
                     break
                 time.sleep(min(0.005, remaining))
                 continue
-            for key, _ in sel.select(remaining):
-                fd = key.fd
+            for fd, _ in poller.poll(remaining * 1000 + 1):
                 if fd == pidfd:
-                    sel.unregister(pidfd)
+                    poller.unregister(pidfd)
                     exited = True
                     continue
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
-                    sel.unregister(fd)
+                    poller.unregister(fd)
                     open_pipes -= 1
                     continue
                 totals[fd] += len(chunk)
@@ -324,7 +335,6 @@ def watch_test(pid, deadline, out_r, err_r, res_r, limits):
             if killed_for:
                 break
     finally:
-        sel.close()
         if killed_for is not None:
             _kill(pid)
         if wait_status is None:
@@ -352,7 +362,7 @@ def _pidfd_open(pid):
 
 def _kill(pid):
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, _signal.SIGKILL)
     except ProcessLookupError:
         pass
 
@@ -371,38 +381,33 @@ def classify(watch, fn_mode, duration, cpu_limit):
         return out
     if os.WIFSIGNALED(wait_status):
         sig = os.WTERMSIG(wait_status)
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and watch["cpu_s"] >= cpu_limit):
+        if sig == _signal.SIGXCPU or (sig == _signal.SIGKILL and watch["cpu_s"] >= cpu_limit):
             out["status"] = "timeout"
             out["detail"] = "CPU time limit exceeded"
-        elif sig == signal.SIGXFSZ:
+        elif sig == _signal.SIGXFSZ:
             out["status"] = "output_limit"
             out["detail"] = "file size limit exceeded"
         else:
-            out["detail"] = f"killed by signal {signal.Signals(sig).name}"
+            out["detail"] = f"killed by signal {SIGNAL_NAMES.get(sig, sig)}"
         return out
     exit_code = os.waitstatus_to_exitcode(wait_status)
-    report = None
-    if watch["result"]:
-        try:
-            report = json.loads(watch["result"].decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            report = None
-    if not isinstance(report, dict):
+    kind, _, payload = watch["result"].decode("utf-8", "replace").partition("\n")
+    if kind not in REPORT_KINDS:
         if exit_code == 0 and not fn_mode:
             out["status"] = "ok"  # os._exit(0) skips the report; the output still counts
             out["stdout"] = watch["stdout"].decode("utf-8", "replace")
         else:
             out["detail"] = f"exit status {exit_code}"
         return out
-    kind = report.get("kind")
-    out["detail"] = str(report.get("detail", ""))[:500]
     if kind == "ok" and exit_code == 0:
         out["status"] = "ok"
         if fn_mode:
-            out["ret"] = report.get("ret")
+            out["ret"] = payload
         else:
             out["stdout"] = watch["stdout"].decode("utf-8", "replace")
-    elif kind in ("memory", "output_limit"):
+        return out
+    out["detail"] = payload[:500]
+    if kind in ("memory", "output_limit"):
         out["status"] = kind
     return out
 
@@ -437,13 +442,14 @@ def child_main(code, test_input, setup, fds):
             stream.flush()
         except BaseException:  # noqa: S110 - a closed or broken stream must not mask the result
             pass
-    payload = json.dumps(report).encode("utf-8")
+    kind, payload = report
+    data = f"{kind}\n{payload}".encode("utf-8", "backslashreplace")
     try:
-        while payload:
-            payload = payload[os.write(RESULT_FD, payload) :]
+        while data:
+            data = data[os.write(RESULT_FD, data) :]
     except OSError:
         return 72
-    return 0 if report["kind"] == "ok" else 1
+    return 0 if kind == "ok" else 1
 
 
 def apply_limits(limits, nproc):
@@ -463,45 +469,47 @@ def apply_limits(limits, nproc):
 
 
 def execute(code, fn_name, test_input, stderr):
-    """Run the candidate; return the report the runner reads from fd 3."""
-    module = types.ModuleType("__main__")
+    """Run the candidate; return ``(kind, payload)`` for the runner (read from fd 3)."""
+    module = type(sys)("__main__")
     module.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = module
     try:
         exec(code, module.__dict__)
         if fn_name is None:
-            return {"kind": "ok"}
+            return "ok", ""
+        json = sys.modules["json"]
         args = json.loads(test_input)
         function = resolve_function(module.__dict__, fn_name)
         value = function(*args)
         try:
-            ret = json.dumps(value)
+            return "ok", json.dumps(value)
         except (TypeError, ValueError) as exc:
-            return {"kind": "error", "detail": f"return value is not JSON-serialisable: {exc}"}
-        return {"kind": "ok", "ret": ret}
+            return "error", f"return value is not JSON-serialisable: {exc}"
     except SystemExit as exc:
         status = exc.code
         if status is None or status == 0:
             if fn_name is None:
-                return {"kind": "ok"}
-            return {"kind": "error", "detail": "SystemExit before the function returned"}
+                return "ok", ""
+            return "error", "SystemExit before the function returned"
         if not isinstance(status, int):
             print(status, file=stderr)
-        return {"kind": "error", "detail": f"SystemExit({status!r})"}
+        return "error", f"SystemExit({status!r})"
     except MemoryError:
-        return {"kind": "memory", "detail": "MemoryError"}
+        return "memory", "MemoryError"
     except BaseException as exc:
         if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-            return {"kind": "output_limit", "detail": "file size limit exceeded"}
+            return "output_limit", "file size limit exceeded"
         try:
             print_candidate_traceback(exc, stderr)
         except BaseException:  # noqa: S110 - printing the traceback is best effort
             pass
-        return {"kind": "error", "detail": f"{type(exc).__name__}: {exc}"[:500]}
+        return "error", f"{type(exc).__name__}: {exc}"[:500]
 
 
 def print_candidate_traceback(exc, stream):
     """Print the traceback of ``exc`` without the runner's own frames."""
+    import traceback
+
     tb = traceback.TracebackException.from_exception(exc)
     tb.stack = traceback.StackSummary.from_list(
         [frame for frame in tb.stack if frame.filename != __file__]

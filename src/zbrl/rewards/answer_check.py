@@ -24,6 +24,7 @@ This module also holds :class:`MathAnswerReward`, the shared scoring rule of the
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib
 import logging
@@ -78,7 +79,7 @@ _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 def fold_unicode(text: str) -> str:
-    """Map full-width ASCII forms to ASCII, unicode minus signs to ``-`` and odd spaces to ``' '``."""
+    """Map full-width ASCII forms to ASCII, unicode minus signs to ``-``, odd spaces to ``' '``."""
     return text.translate(_UNICODE_TABLE)
 
 
@@ -301,15 +302,18 @@ def answers_equivalent(
     if pred is None:
         return False, "none"
     if not isinstance(pred, str):
-        raise TypeError(f"answers_equivalent: pred must be a str or None, got {type(pred).__name__}")
+        raise TypeError(
+            f"answers_equivalent: pred must be a str or None, got {type(pred).__name__}"
+        )
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"answers_equivalent: timeout_s must be > 0 or None, got {timeout_s}")
     pred_text = fold_unicode(pred).strip()
     gold_text = fold_unicode(gold).strip()
     if not pred_text:
         return False, "none"
+    guarded = unsafe_reason(pred_text) is not None or unsafe_reason(gold_text) is not None
     verdict: bool | None = None
-    if unsafe_reason(pred_text) is None and unsafe_reason(gold_text) is None:
+    if not guarded:
         if timeout_s is None:
             verdict = math_verify_equal(pred_text, gold_text)
         else:
@@ -319,7 +323,11 @@ def answers_equivalent(
                 verdict = None
     if verdict:
         return True, "math_verify"
-    if normalize_answer(pred_text) == normalize_answer(gold_text):
+    if guarded:  # pathological text: only an exact match (up to whitespace) counts
+        same = "".join(pred_text.split()) == "".join(gold_text.split())
+    else:
+        same = normalize_answer(pred_text) == normalize_answer(gold_text)
+    if same:
         return True, "string"
     return False, "math_verify" if verdict is False else "string"
 
@@ -382,7 +390,10 @@ def _worker_main(preload: Sequence[str]) -> None:
         try:
             fn, args, kwargs, timeout_s = pickle.loads(request)
         except Exception as exc:
-            reply: tuple[str, Any] = ("err", RuntimeError(f"worker cannot unpickle the task: {exc!r}"))
+            reply: tuple[str, Any] = (
+                "err",
+                RuntimeError(f"worker cannot unpickle the task: {exc!r}"),
+            )
         else:
             signal.alarm(math.ceil(timeout_s) + _SELF_DESTRUCT_GRACE_S)
             try:
@@ -463,16 +474,12 @@ class _Worker:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
 
 
 class DeadlinePool:

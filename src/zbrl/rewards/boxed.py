@@ -38,7 +38,7 @@ def last_boxed(text: str) -> str | None:
 
 @register_reward("boxed")
 class BoxedReward(MathAnswerReward):
-    """Reward for responses whose final answer is in ``\\boxed{}``, checked against ``gt_answer``."""
+    """Reward for a final answer in ``\\boxed{}``, checked against ``gt_answer``."""
 
     name = "boxed"
 

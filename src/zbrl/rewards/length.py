@@ -34,11 +34,15 @@ class LengthShaping:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise TypeError(f"LengthShaping.max_new_tokens must be an int, got {self.max_new_tokens!r}")
+            raise TypeError(
+                f"LengthShaping.max_new_tokens must be an int, got {self.max_new_tokens!r}"
+            )
         if isinstance(self.cache_length, bool) or not isinstance(self.cache_length, int):
             raise TypeError(f"LengthShaping.cache_length must be an int, got {self.cache_length!r}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"LengthShaping.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ValueError(
+                f"LengthShaping.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
         if not 1 <= self.cache_length <= self.max_new_tokens:
             raise ValueError(
                 f"LengthShaping.cache_length must be in [1, max_new_tokens={self.max_new_tokens}], "

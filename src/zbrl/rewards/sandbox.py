@@ -34,7 +34,9 @@ Test formats:
 
 from __future__ import annotations
 
+import ast
 import json
+import marshal
 import os
 import selectors
 import shutil
@@ -335,8 +337,8 @@ def run_program(
     command = [*prefix, sys.executable, "-I", "-S", "-B", "-X", "utf8", str(_RUNNER)]
     workdir = tempfile.mkdtemp(prefix="zbrl-sandbox-")
     try:
-        with open(os.path.join(workdir, "job.json"), "w", encoding="utf-8") as f:
-            json.dump(job, f)
+        with open(os.path.join(workdir, "job.marshal"), "wb") as f:
+            marshal.dump(job, f)
         raws, pid = _run_runner(command, workdir, len(tests), limits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -433,7 +435,7 @@ def _collect(proc: subprocess.Popen, n_tests: int, limits: SandboxLimits) -> lis
             while b"\n" in buf:
                 line, _, rest = bytes(buf).partition(b"\n")
                 buf = bytearray(rest)
-                message = json.loads(line)
+                message = ast.literal_eval(line.decode("utf-8"))
                 event = message["ev"]
                 if event == "ready":
                     ready = True

@@ -4,7 +4,8 @@ The answer is the text between the last ``</answer>`` and the ``<answer>`` befor
 (for a well-formed response: the content of its one ``<answer>…</answer>``, newlines included).
 The format is valid iff each of the four tags occurs exactly once, in the order think-open <
 think-close < answer-open < answer-close, and the stripped response ends with ``</answer>``.
-Scoring (format gating, eval mode, length shaping) is :class:`~zbrl.rewards.answer_check.MathAnswerReward`'s.
+Scoring (format gating, eval mode, length shaping) is that of
+:class:`~zbrl.rewards.answer_check.MathAnswerReward`.
 """
 
 from __future__ import annotations

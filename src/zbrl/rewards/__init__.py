@@ -1,0 +1,51 @@
+"""Reward functions: ``think_answer_tags``, ``boxed``, ``code`` (imported on first use), the
+registry, length shaping and weighted combinations. See ``docs/rewards.md``.
+
+Importing this package imports neither ray nor torch (nor math_verify, loaded on first use).
+"""
+
+from zbrl.rewards.answer_check import (
+    DeadlineExceeded,
+    MathAnswerReward,
+    answers_equivalent,
+    run_with_deadline,
+)
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardContext,
+    RewardFunction,
+    RewardResult,
+)
+from zbrl.rewards.boxed import BoxedReward
+from zbrl.rewards.combine import CombinedReward
+from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.registry import (
+    REWARDS,
+    FunctionReward,
+    build_reward,
+    known_rewards,
+    register_reward,
+)
+from zbrl.rewards.think_answer import ThinkAnswerReward
+
+__all__ = [
+    "REWARDS",
+    "BaseReward",
+    "BoxedReward",
+    "CombinedReward",
+    "DeadlineExceeded",
+    "Example",
+    "FunctionReward",
+    "LengthShaping",
+    "MathAnswerReward",
+    "RewardContext",
+    "RewardFunction",
+    "RewardResult",
+    "ThinkAnswerReward",
+    "answers_equivalent",
+    "build_reward",
+    "known_rewards",
+    "register_reward",
+    "run_with_deadline",
+]

@@ -1,0 +1,176 @@
+import random
+import threading
+
+import pytest
+import torch
+
+from zbrl.transport.buffer import BufferSettings, RolloutBuffer
+from zbrl.types import RolloutGroup
+
+
+def make_group(ticket, version, ans_acc=(0.0, 1.0), truncated=None, producer=0):
+    g = len(ans_acc)
+    return RolloutGroup(
+        uid=f"u{ticket}",
+        prompt_ids=[1, 2],
+        response_ids=[torch.tensor([3, 4]) for _ in range(g)],
+        behaviour_logprobs=[torch.zeros(2) for _ in range(g)],
+        rewards=list(ans_acc),
+        format_acc=[1.0] * g,
+        ans_acc=list(ans_acc),
+        truncated=list(truncated or [False] * g),
+        policy_version=version,
+        temperature=1.0,
+        producer=producer,
+        ticket=ticket,
+    )
+
+
+def simulate(seed, *, staleness, producers=3, batch=4, filter_range=None, steps=25):
+    """Random interleaving of producers and one consumer, single-threaded; returns trained pairs
+    (step trained at, version generated with)."""
+    rng = random.Random(seed)
+    buf = RolloutBuffer(
+        BufferSettings(
+            groups_per_step=batch,
+            max_staleness=staleness,
+            num_producers=producers,
+            filter_range=filter_range,
+        )
+    )
+    pending = {p: [] for p in range(producers)}  # reservations not yet generated
+    published = 0
+    trained = []
+    while len({s for s, _ in trained}) < steps:
+        action = rng.random()
+        p = rng.randrange(producers)
+        if action < 0.35:
+            res = buf.reserve(p, rng.randint(1, 3), timeout=0)
+            if res is not None and res.tickets:
+                assert res.min_version <= published
+                pending[p].append(res)
+        elif action < 0.75 and pending[p]:
+            res = pending[p].pop(0)
+            version = rng.randint(res.min_version, published)  # any loaded version >= min
+            accs = [tuple(rng.choice([0.0, 1.0]) for _ in range(2)) for _ in res.tickets]
+            buf.put([make_group(t, version, a, producer=p) for t, a in zip(res.tickets, accs)])
+        else:
+            status, got = buf.take(batch, timeout=0)
+            if status == "batch":
+                assert got.step == buf.version
+                trained += [(got.step, g.policy_version) for g in got.groups]
+                published += 1
+                buf.advance_version(published)
+    return trained, buf
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_no_trained_sample_is_older_than_max_staleness(seed, staleness):
+    trained, buf = simulate(seed, staleness=staleness)
+    assert trained
+    behind = [step - version for step, version in trained]
+    assert max(behind) <= staleness
+    assert min(behind) >= 0
+    assert buf.stats.groups_dropped_stale == 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_staleness_zero_is_on_policy(seed):
+    trained, _ = simulate(seed, staleness=0)
+    assert all(step == version for step, version in trained)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_staleness_bound_holds_with_filtering(seed):
+    trained, buf = simulate(seed, staleness=1, filter_range=(0.01, 0.99))
+    assert max(step - v for step, v in trained) <= 1
+    assert buf.stats.groups_filtered_accuracy > 0
+
+
+def test_admission_capacity_rule():
+    buf = RolloutBuffer(BufferSettings(groups_per_step=4, max_staleness=1, num_producers=1))
+    res = buf.reserve(0, 100, timeout=0)
+    assert len(res.tickets) == 8  # (version 0 + 1 + 1) * 4
+    assert buf.reserve(0, 1, timeout=0).tickets == []  # full: producer must wait
+    buf.put([make_group(t, 0) for t in res.tickets])
+    status, batch = buf.take(4, timeout=0)
+    assert status == "batch" and len(batch.groups) == 4
+    assert buf.reserve(0, 1, timeout=0).tickets == []  # consumer has not advanced yet
+    buf.advance_version(1)
+    more = buf.reserve(0, 100, timeout=0)
+    assert more.tickets == [8, 9, 10, 11]
+    assert more.min_version == 1  # last effective index 11 // 4 - 1
+
+
+def test_filtered_groups_free_their_slots_and_are_counted():
+    buf = RolloutBuffer(
+        BufferSettings(groups_per_step=2, max_staleness=0, num_producers=1, filter_range=(0.01, 0.99))
+    )
+    res = buf.reserve(0, 10, timeout=0)
+    assert len(res.tickets) == 2
+    buf.put([make_group(res.tickets[0], 0, (1.0, 1.0)), make_group(res.tickets[1], 0)])
+    assert buf.stats.groups_filtered_accuracy == 1
+    again = buf.reserve(0, 10, timeout=0)
+    assert len(again.tickets) == 1  # the filtered group's slot is free again
+    buf.put([make_group(again.tickets[0], 0)])
+    status, batch = buf.take(2, timeout=0)
+    assert status == "batch" and [g.ticket for g in batch.groups] == [1, 2]
+    assert batch.raw_groups == 3
+    snap = buf.snapshot()
+    assert snap["sample_utilization"] == pytest.approx(4 / 6)
+
+
+def test_take_waits_for_ticket_order():
+    buf = RolloutBuffer(BufferSettings(groups_per_step=2, max_staleness=0, num_producers=2))
+    a = buf.reserve(0, 1, timeout=0)
+    b = buf.reserve(1, 1, timeout=0)
+    buf.put([make_group(b.tickets[0], 0, producer=1)])
+    assert buf.take(2, timeout=0) == ("timeout", None)  # ticket 0 still pending
+    buf.put([make_group(a.tickets[0], 0)])
+    status, batch = buf.take(2, timeout=0)
+    assert [g.ticket for g in batch.groups] == [0, 1]
+
+
+def test_end_of_data_returns_partial_batch_then_end():
+    buf = RolloutBuffer(BufferSettings(groups_per_step=4, max_staleness=0, num_producers=1))
+    res = buf.reserve(0, 4, timeout=0)
+    buf.put([make_group(t, 0) for t in res.tickets[:3]])
+    buf.release(res.tickets[3:])
+    assert buf.take(4, timeout=0) == ("timeout", None)  # producer may still send more
+    buf.producer_finished(0)
+    status, batch = buf.take(4, timeout=0)
+    assert status == "batch" and batch.partial and len(batch.groups) == 3
+    assert buf.take(4, timeout=0) == ("end", None)
+    assert buf.stats.partial_batches == 1 and buf.stats.tickets_released == 1
+
+
+def test_close_wakes_blocked_producer():
+    buf = RolloutBuffer(BufferSettings(groups_per_step=1, max_staleness=0, num_producers=1))
+    buf.reserve(0, 1, timeout=0)
+    result = {}
+
+    def blocked():
+        result["res"] = buf.reserve(0, 1, timeout=30)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    buf.close()
+    t.join(timeout=10)
+    assert not t.is_alive() and result["res"] is None
+
+
+def test_unknown_ticket_is_rejected():
+    buf = RolloutBuffer(BufferSettings(groups_per_step=1, max_staleness=0, num_producers=1))
+    with pytest.raises(ValueError, match="unknown or used ticket"):
+        buf.put([make_group(5, 0)])
+
+
+def test_stale_group_is_dropped_at_take():
+    buf = RolloutBuffer(BufferSettings(groups_per_step=1, max_staleness=0, num_producers=1))
+    res = buf.reserve(0, 1, timeout=0)
+    buf.advance_version(3)  # simulate a misbehaving producer that ignored min_version
+    buf.put([make_group(res.tickets[0], 0)])
+    buf.producer_finished(0)
+    assert buf.take(1, timeout=0) == ("end", None)
+    assert buf.stats.groups_dropped_stale == 1
