@@ -3,7 +3,7 @@
 Paths (all compute float32 log-probs of B·T sampled tokens over a V-word vocabulary):
 
 - ``naive``           ``log_softmax(logits.float() / T).gather(tokens)`` on the full logits;
-- ``chunked``         :func:`zbrl.algorithms.logprobs_from_logits` (rows in chunks, custom backward);
+- ``chunked``         :func:`zbrl.algorithms.logprobs_from_logits` (row chunks, custom backward);
 - ``naive-hidden``    ``hidden @ W.T`` then ``naive`` (the full logits are created inside the op);
 - ``from-hidden``     :func:`zbrl.algorithms.logprobs_from_hidden` (never builds the full logits).
 
@@ -17,7 +17,7 @@ the logits paths against ``naive``. Time is the median of ``--repeats`` runs.
 
 Usage::
 
-    python bench/logprob_memory.py            # B=8, T=1024, V=32000, H=256, bf16 (~1-2 min on 2 CPU cores)
+    python bench/logprob_memory.py            # B=8, T=1024, V=32000, H=64 (~2 min on 2 idle CPU cores)
     python bench/logprob_memory.py --quick    # tiny sizes, a few seconds
 """
 
@@ -42,9 +42,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="B, sequences")
     parser.add_argument("--seq", type=int, default=1024, help="T, tokens per sequence")
     parser.add_argument("--vocab", type=int, default=32000, help="V, vocabulary size")
-    parser.add_argument("--hidden", type=int, default=256, help="H, hidden size (hidden paths)")
+    parser.add_argument("--hidden", type=int, default=64, help="H, hidden size (hidden paths)")
     parser.add_argument("--chunk-size", type=int, default=1024, help="rows per chunk")
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="model dtype")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="logits dtype")
+    parser.add_argument(
+        "--hidden-dtype",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="hidden/LM-head dtype; auto = --dtype on CUDA, fp32 on CPU (CPU bf16 matmul is slow)",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per path and mode")
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset")
@@ -80,10 +86,13 @@ def run_child(args: argparse.Namespace) -> dict:
 
     path, mode = args.child
     device = torch.device(
-        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        "cuda"
+        if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         else "cpu"
     )
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    hidden_dtype = resolve_hidden_dtype(args, device.type)
+    hidden_dtype = torch.bfloat16 if hidden_dtype == "bf16" else torch.float32
     backward = mode == "fwd+bwd"
     rows, temperature, chunk = args.batch * args.seq, args.temperature, args.chunk_size
 
@@ -99,8 +108,8 @@ def run_child(args: argparse.Namespace) -> dict:
             logits = torch.empty(batch, seq, args.vocab, device=device, dtype=dtype)
             logits.normal_(generator=gen).requires_grad_(backward)
             return (logits,), tokens, weights
-        hidden = torch.empty(batch, seq, args.hidden, device=device, dtype=dtype)
-        weight = torch.empty(args.vocab, args.hidden, device=device, dtype=dtype)
+        hidden = torch.empty(batch, seq, args.hidden, device=device, dtype=hidden_dtype)
+        weight = torch.empty(args.vocab, args.hidden, device=device, dtype=hidden_dtype)
         hidden.normal_(generator=gen).requires_grad_(backward)
         weight.normal_(generator=gen).mul_(args.hidden**-0.5).requires_grad_(backward)
         return (hidden, weight), tokens, weights
@@ -161,9 +170,16 @@ def run_child(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------------- parent side
 
 
+def resolve_hidden_dtype(args: argparse.Namespace, device_type: str) -> str:
+    if args.hidden_dtype != "auto":
+        return args.hidden_dtype
+    return args.dtype if device_type == "cuda" else "fp32"
+
+
 def child_command(args: argparse.Namespace, path: str, mode: str) -> list[str]:
     command = [sys.executable, os.path.abspath(__file__), "--child", path, mode]
-    for flag in ("batch", "seq", "vocab", "hidden", "chunk_size", "dtype", "temperature"):
+    flags = ("batch", "seq", "vocab", "hidden", "chunk_size", "dtype", "hidden_dtype")
+    for flag in (*flags, "temperature"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     command += ["--repeats", str(args.repeats), "--device", args.device]
     return command
@@ -198,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
 
     device = results[0]["device"] if results else "?"
-    print(f"device: {device}; peak = memory above the inputs (see module docstring)\n")
+    print(
+        f"device: {device}; logits paths in {args.dtype}, hidden paths in "
+        f"{resolve_hidden_dtype(args, device)}; peak = memory above the inputs "
+        f"(see module docstring)\n"
+    )
     header = f"{'mode':<8} {'path':<13} {'peak MiB':>9} {'vs naive':>9} {'median s':>9}"
     print(header)
     print("-" * len(header))

@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from zbrl.config import ConfigError
+    from zbrl.data.dataset import DatasetError
+    from zbrl.errors import RunError
 
     args = build_parser().parse_args(argv)
     try:
@@ -95,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (RunError, FileNotFoundError, DatasetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -105,7 +105,9 @@ def test_admission_capacity_rule():
 
 def test_filtered_groups_free_their_slots_and_are_counted():
     buf = RolloutBuffer(
-        BufferSettings(groups_per_step=2, max_staleness=0, num_producers=1, filter_range=(0.01, 0.99))
+        BufferSettings(
+            groups_per_step=2, max_staleness=0, num_producers=1, filter_range=(0.01, 0.99)
+        )
     )
     res = buf.reserve(0, 10, timeout=0)
     assert len(res.tickets) == 2

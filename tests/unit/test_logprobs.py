@@ -59,9 +59,7 @@ def test_chunked_matches_naive_values_and_grads(chunk_size, dtype, temperature) 
     (logp * w_logp + entropy * w_ent).sum().backward()
     (want_logp * w_logp + want_entropy * w_ent).sum().backward()
     assert chunked_in.grad.dtype == dtype
-    torch.testing.assert_close(
-        chunked_in.grad.float(), naive_in.grad.float(), **tolerances(dtype)
-    )
+    torch.testing.assert_close(chunked_in.grad.float(), naive_in.grad.float(), **tolerances(dtype))
 
 
 @pytest.mark.parametrize("chunk_size", [2, 5, 1024])
@@ -129,7 +127,8 @@ def test_forward_saves_no_float32_copy_of_the_logits() -> None:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        logp, entropy = logprobs_and_entropy(logits, tokens, chunk_size=4, with_entropy=True)
+        outputs = logprobs_and_entropy(logits, tokens, chunk_size=4, with_entropy=True)
+    assert outputs[0].requires_grad and outputs[1].requires_grad
     assert saved, "expected the backward to save something"
     for tensor in saved:
         is_input = tensor.data_ptr() == logits.data_ptr()

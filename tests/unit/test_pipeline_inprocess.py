@@ -50,7 +50,9 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    trainer = Trainer(policy, optimizer, scheduler, components.step_settings(cfg, tokenizer.pad_token_id))
+    trainer = Trainer(
+        policy, optimizer, scheduler, components.step_settings(cfg, tokenizer.pad_token_id)
+    )
     publisher = WeightPublisher(LocalHandle(store), crec)
     steps = []
     consumer = Consumer(
@@ -76,6 +78,8 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert store.latest_version() == 3
     saved = AutoModelForCausalLM.from_pretrained(result.final_checkpoint)
-    assert torch.equal(saved.state_dict()["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+    assert torch.equal(
+        saved.state_dict()["model.embed_tokens.weight"], after["model.embed_tokens.weight"]
+    )
     names = {s["name"] for s in prec.drain()} | {s["name"] for s in crec.drain()}
     assert {"generate", "score", "push", "train_step", "wait_for_data"} <= names

@@ -98,7 +98,9 @@ def test_syntax_error_fails_every_test() -> None:
 
 
 def test_exception_is_a_runtime_error_with_stderr_tail() -> None:
-    source = "import sys\nprint('partial')\nprint('oops', file=sys.stderr)\nraise KeyError('boom')\n"
+    source = (
+        "import sys\nprint('partial')\nprint('oops', file=sys.stderr)\nraise KeyError('boom')\n"
+    )
     result = run_program(source, [TestCase("", "partial")], limits=LIMITS)
     assert result.statuses == ["runtime_error"]
     assert "oops" in result.tests[0].stderr_tail
@@ -139,7 +141,9 @@ def test_stdlib_imports_and_workdir_files_work() -> None:
 
 
 def test_each_test_runs_in_a_fresh_process() -> None:
-    source = "import sys\nseen = getattr(sys, 'zbrl_seen', 0)\nsys.zbrl_seen = seen + 1\nprint(seen)\n"
+    source = (
+        "import sys\nseen = getattr(sys, 'zbrl_seen', 0)\nsys.zbrl_seen = seen + 1\nprint(seen)\n"
+    )
     result = run_program(source, [TestCase("", "0")] * 3, limits=LIMITS)
     assert result.statuses == ["pass"] * 3
 
@@ -184,8 +188,8 @@ def test_function_call_wrapped_expected_value_and_failures() -> None:
 
 
 def test_parse_call_args_formats() -> None:
-    assert parse_call_args("[1, [2, 3], \"a\"]") == [1, [2, 3], "a"]
-    assert parse_call_args("[1, 2]\n3\n\n\"x\"") == [[1, 2], 3, "x"]
+    assert parse_call_args('[1, [2, 3], "a"]') == [1, [2, 3], "a"]
+    assert parse_call_args('[1, 2]\n3\n\n"x"') == [[1, 2], 3, "x"]
     assert parse_call_args("5") == [5]
     with pytest.raises(ValueError, match="line 2 is not JSON"):
         parse_call_args("1\nnot json")
@@ -339,7 +343,10 @@ def test_workdir_is_fresh_and_removed(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_reading_private_files_is_denied() -> None:
     for path in ("/etc/passwd", f"/proc/{os.getpid()}/environ", str(Path.home())):
-        source = f"import os\nprint(open({path!r}).read()[:10] if os.path.isfile({path!r}) else os.listdir({path!r}))\n"
+        source = (
+            f"import os\npath = {path!r}\n"
+            "print(open(path).read()[:10] if os.path.isfile(path) else os.listdir(path))\n"
+        )
         result = run_program(source, [TestCase("", "x")], limits=LIMITS)
         assert result.statuses == ["runtime_error"], path
         assert "not allowed" in result.tests[0].detail
@@ -392,7 +399,9 @@ def test_network_access_is_blocked(namespace: bool) -> None:
             "        pass\n"
             "    try:\n"
             "        import sys, importlib\n"
-            "        sys.meta_path[:] = [m for m in sys.meta_path if 'Blocker' not in type(m).__name__]\n"
+            "        sys.meta_path[:] = [\n"
+            "            m for m in sys.meta_path if 'Blocker' not in type(m).__name__\n"
+            "        ]\n"
             "        sock = importlib.import_module('socket')\n"
             f"        sock.create_connection(('127.0.0.1', {port}), timeout=1)\n"
             "        return True\n"

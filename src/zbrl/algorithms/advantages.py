@@ -49,7 +49,7 @@ def _as_float64_BG(rewards_BG: torch.Tensor) -> torch.Tensor:
 
 def _constant_groups_B1(rewards_BG: torch.Tensor) -> torch.Tensor:
     """``[B, 1]`` bool: True for groups whose rewards are all exactly equal."""
-    return (rewards_BG.amax(dim=1, keepdim=True) == rewards_BG.amin(dim=1, keepdim=True))
+    return rewards_BG.amax(dim=1, keepdim=True) == rewards_BG.amin(dim=1, keepdim=True)
 
 
 def _centered(rewards_BG: torch.Tensor) -> torch.Tensor:

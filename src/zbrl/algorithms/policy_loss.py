@@ -2,8 +2,8 @@
 
 ``ppo_clip`` — the PPO clipped surrogate (Schulman et al. 2017) with asymmetric clipping
 (``clip_eps_low``/``clip_eps_high``, DAPO's "clip-higher"), optional dual-clip (Ye et al. 2020),
-optional KL-to-reference penalty and entropy bonus. Per valid token, with ``ρ = exp(logπ - logπ_old)``
-computed in float32 and ``A`` the advantage::
+optional KL-to-reference penalty and entropy bonus. Per valid token, with
+``ρ = exp(logπ - logπ_old)`` computed in float32 and ``A`` the advantage::
 
     pg   = -min(ρ·A, clip(ρ, 1-ε_low, 1+ε_high)·A)
     pg   = min(pg, -c·A)            where A < 0             (dual-clip, when dual_clip_c = c > 1)

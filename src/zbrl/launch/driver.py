@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zbrl.config import RunConfig, resolved_yaml
+from zbrl.errors import RunError
 from zbrl.launch import components
 from zbrl.launch.artifacts import Artifacts, prepare_artifacts
 from zbrl.launch.monitor import RunMonitor
@@ -22,7 +23,7 @@ from zbrl.transport.handles import RayHandle
 from zbrl.types import EncodedPrompt
 
 
-class RunFailed(RuntimeError):
+class RunFailed(RunError):
     """A worker failed; the message names the worker and the cause."""
 
 
@@ -45,6 +46,9 @@ class Workers:
 
 def run_training(cfg: RunConfig) -> dict[str, Any]:
     """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json)."""
+    from zbrl.launch.workers import quiet_transformers
+
+    quiet_transformers()
     run_dir = prepare_run_dir(cfg)
     print(f"[zbrl] run dir: {run_dir}", flush=True)
     artifacts = prepare_artifacts(cfg)

@@ -84,7 +84,16 @@ class SpanFlusher:
                 return
 
 
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers in worker logs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def _setup_process(cfg: RunConfig, seed_offset: int) -> None:
+    quiet_transformers()
     torch.set_num_threads(cfg.launch.torch_threads)
     torch.manual_seed(cfg.seed + seed_offset)
 

@@ -45,6 +45,7 @@ import sys
 import time
 
 STDERR_TAIL_BYTES = 2048
+TRACEBACK_FRAMES = 20
 RESULT_FD = 3
 MAX_FD = 1 << 16
 
@@ -130,6 +131,7 @@ PATH_EVENTS = {
 }
 LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})
 STD_STREAM_PATHS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
+PROTECTED_ATTRS = frozenset({"__code__", "__globals__", "__closure__"})
 REPORT_KINDS = frozenset({"ok", "error", "memory", "output_limit"})
 SIGNAL_NAMES = {
     getattr(_signal, name): name
@@ -196,6 +198,9 @@ def main():
     limits = job["limits"]
     workdir = os.path.realpath(os.getcwd())
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Compiling hostile source happens here, so the runner gets the same memory cap.
+    memory = int(limits["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     nproc = None
     if os.getuid() != 0:
         nproc = user_task_count(os.getuid()) + int(limits["max_processes"])
@@ -361,7 +366,7 @@ def _pidfd_open(pid):
 
 
 def _kill(pid):
-    try:
+    try:  # noqa: SIM105 - contextlib costs start-up time here
         os.kill(pid, _signal.SIGKILL)
     except ProcessLookupError:
         pass
@@ -438,9 +443,9 @@ def child_main(code, test_input, setup, fds):
     sys.addaudithook(make_audit_hook(setup["workdir"], frozenset(setup["read_roots"]), os.getpid()))
     report = execute(code, setup["fn_name"], test_input, stderr)
     for stream in (sys.stdout, stdout, sys.stderr, stderr):
-        try:
+        try:  # noqa: SIM105 - a closed or broken stream must not mask the result
             stream.flush()
-        except BaseException:  # noqa: S110 - a closed or broken stream must not mask the result
+        except BaseException:
             pass
     kind, payload = report
     data = f"{kind}\n{payload}".encode("utf-8", "backslashreplace")
@@ -499,9 +504,9 @@ def execute(code, fn_name, test_input, stderr):
     except BaseException as exc:
         if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
             return "output_limit", "file size limit exceeded"
-        try:
+        try:  # noqa: SIM105 - printing the traceback is best effort
             print_candidate_traceback(exc, stderr)
-        except BaseException:  # noqa: S110 - printing the traceback is best effort
+        except BaseException:
             pass
         return "error", f"{type(exc).__name__}: {exc}"[:500]
 
@@ -510,7 +515,7 @@ def print_candidate_traceback(exc, stream):
     """Print the traceback of ``exc`` without the runner's own frames."""
     import traceback
 
-    tb = traceback.TracebackException.from_exception(exc)
+    tb = traceback.TracebackException.from_exception(exc, limit=-TRACEBACK_FRAMES)
     tb.stack = traceback.StackSummary.from_list(
         [frame for frame in tb.stack if frame.filename != __file__]
     )
@@ -549,6 +554,7 @@ def make_audit_hook(
     blocked_modules=BLOCKED_MODULES,
     path_events=tuple(PATH_EVENTS.items()),
     list_events=LIST_EVENTS,
+    protected_attrs=PROTECTED_ATTRS,
     std_stream_paths=STD_STREAM_PATHS,
     write_flags=WRITE_FLAGS,
     violation=SandboxViolation,
@@ -571,10 +577,7 @@ def make_audit_hook(
             resolved = realpath(fsdecode(path))
         except (TypeError, ValueError):
             return False
-        for root in allowed:
-            if resolved == root or resolved.startswith(root + "/"):
-                return True
-        return False
+        return any(resolved == root or resolved.startswith(root + "/") for root in allowed)
 
     def deny(event, detail=""):
         raise violation(f"zbrl sandbox: {event} is not allowed{detail}")
@@ -606,9 +609,8 @@ def make_audit_hook(
         elif event == "os.kill":
             if args[0] != own_pid:
                 deny(event, " for other processes")
-        elif event == "object.__setattr__":
-            if len(args) > 1 and args[1] in ("__code__", "__globals__", "__closure__"):
-                deny(f"setting {args[1]}")
+        elif event == "object.__setattr__" and len(args) > 1 and args[1] in protected_attrs:
+            deny(f"setting {args[1]}")
 
     return hook
 

@@ -45,6 +45,8 @@ from typing import Any
 from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
 from zbrl.rewards.length import LengthShaping
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_TIMEOUT_S = 5.0
 """Default hard deadline of one math_verify comparison (seconds; the seed used 5 s alarms)."""
 MAX_ANSWER_CHARS = 256
@@ -92,7 +94,7 @@ def normalize_answer(text: str) -> str:
     such as ``1,234,567.5``), braces (``{}``, ``\\{\\}``); then case-folds. ``\\dfrac`` and
     ``\\tfrac`` become ``\\frac``.
     """
-    s = fold_unicode(text).strip()
+    s = fold_unicode(text).strip().rstrip(".").rstrip()
     while len(s) >= 2 and s[0] == "$" and s[-1] == "$":
         s = s[1:-1].strip()
     boxed = _whole_boxed_content(s)
@@ -319,7 +321,10 @@ def answers_equivalent(
         else:
             try:
                 verdict = run_with_deadline(math_verify_equal, (pred_text, gold_text), timeout_s)
-            except (DeadlineExceeded, WorkerCrashed):
+            except (DeadlineExceeded, WorkerCrashed) as exc:
+                logger.warning(
+                    "math_verify gave no verdict on %.80r (%s); string match only", pred, exc
+                )
                 verdict = None
     if verdict:
         return True, "math_verify"
@@ -341,7 +346,11 @@ class DeadlineExceeded(TimeoutError):
 
 
 class WorkerCrashed(RuntimeError):
-    """The worker process died (or could not start) while running the function."""
+    """The worker process died while running the function."""
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process could not be started (an environment problem: it is not retried)."""
 
 
 _HEADER = struct.Struct(">Q")
@@ -424,19 +433,24 @@ class _Worker:
             close_fds=True,
             start_new_session=True,  # a Ctrl-C in the terminal reaches the parent only
         )
+        hint = "(its error, if any, is on stderr); or score in-process with timeout_s=None"
         try:
             status, _ = pickle.loads(self._receive(time.monotonic() + startup_timeout_s))
         except DeadlineExceeded:
             self.kill()
-            raise WorkerCrashed(
-                f"deadline worker did not start within {startup_timeout_s} s"
+            raise WorkerStartError(
+                f"the deadline worker process did not start within {startup_timeout_s} s {hint}"
             ) from None
+        except WorkerCrashed as exc:
+            self.kill()
+            msg = f"the deadline worker process failed to start: {exc} {hint}"
+            raise WorkerStartError(msg) from None
         except BaseException:
             self.kill()
             raise
         if status != "ready":
             self.kill()
-            raise WorkerCrashed(f"deadline worker sent {status!r} instead of 'ready'")
+            raise WorkerStartError(f"the deadline worker sent {status!r} instead of 'ready'")
 
     def call(self, request: bytes, timeout_s: float) -> tuple[str, Any]:
         try:
@@ -533,6 +547,11 @@ class DeadlinePool:
         try:
             status, value = worker.call(request, timeout_s)
             healthy = True
+        except DeadlineExceeded:
+            raise DeadlineExceeded(
+                f"{getattr(fn, '__qualname__', fn)!s} did not finish within {timeout_s} s; its "
+                f"worker process was killed"
+            ) from None
         finally:
             self._release(worker, healthy)
         if status == "err":

@@ -18,11 +18,13 @@ line, one argument each) and every output is the JSON of the expected return val
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
+from zbrl.rewards.length import LengthShaping
 from zbrl.rewards.registry import register_reward
 from zbrl.rewards.sandbox import (
     ProgramResult,
@@ -108,7 +110,7 @@ def parse_test_cases(example: Example) -> CodeTests:
             f"code reward: 'test_cases.inputs' has {len(inputs)} items but "
             f"'test_cases.outputs' has {len(outputs)}; give one expected output per input"
         )
-    fn_name = raw["fn_name"] if "fn_name" in raw else None
+    fn_name = raw.get("fn_name")  # absent and null both mean stdin/stdout
     if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
         raise ValueError(
             f"code reward: 'test_cases.fn_name' must be a function name, got {fn_name!r}; "
@@ -155,11 +157,18 @@ def _string_list(raw: Mapping[str, Any], key: str) -> list[str]:
 
 @register_reward("code")
 class CodeReward(BaseReward):
-    """Reward = ``correct_reward`` when every test passes (or × pass fraction with
-    ``partial_credit``), given only to well-formatted responses in training.
+    """Score = test credit (gated by format in training) + length penalty.
 
-    ``ans_acc`` is 1.0 when all tests pass, else 0.0; ``metadata["pass_fraction"]`` holds the
-    fraction and ``metadata["test_statuses"]`` the per-test statuses.
+    * test credit: ``correct_reward`` when every test passes (``partial_credit``: ``correct_reward``
+      × the fraction of tests passed), given only when the format is valid or ``ctx.eval_mode``;
+    * ``length_shaping.penalty(...)`` is added to every response in training (not in eval), as in
+      the math rewards.
+
+    ``format_acc`` is 1.0 for a closed ```` ```python ```` fence; ``ans_acc`` is 1.0 when all tests
+    pass, else 0.0 (the program is run whatever its format). ``metadata`` holds ``format_valid``,
+    ``pass_fraction``, ``test_statuses``, ``test_passed``, ``test_durations_s``,
+    ``length_penalty`` and ``reason`` (``"correct"``, ``"bad_format"`` or the first failing test
+    and why).
     """
 
     name = "code"
@@ -167,19 +176,37 @@ class CodeReward(BaseReward):
     def __init__(
         self,
         *,
-        correct_reward: float = 10.0,
+        correct_reward: float = 1.0,
         partial_credit: bool = False,
         limits: SandboxLimits | Mapping[str, Any] | None = None,
         max_workers: int = 2,
+        length_shaping: LengthShaping | Mapping[str, Any] | None = None,
     ) -> None:
-        if max_workers < 1:
-            raise ValueError(f"code reward: max_workers must be >= 1, got {max_workers}")
+        if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
+            raise TypeError(f"code: correct_reward must be a number, got {correct_reward!r}")
+        if not math.isfinite(correct_reward) or correct_reward < 0:
+            raise ValueError(f"code: correct_reward must be finite and >= 0, got {correct_reward}")
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"code: max_workers must be an int >= 1, got {max_workers!r}")
         if isinstance(limits, Mapping):
             limits = SandboxLimits(**limits)
+        if limits is not None and not isinstance(limits, SandboxLimits):
+            raise TypeError(
+                f"code: limits must be a SandboxLimits, a dict of its fields or None, got "
+                f"{type(limits).__name__}"
+            )
+        if isinstance(length_shaping, Mapping):
+            length_shaping = LengthShaping(**length_shaping)
+        if length_shaping is not None and not isinstance(length_shaping, LengthShaping):
+            raise TypeError(
+                f"code: length_shaping must be a LengthShaping, a dict of its fields or None, "
+                f"got {type(length_shaping).__name__}"
+            )
         self.correct_reward = float(correct_reward)
         self.partial_credit = bool(partial_credit)
         self.limits = limits or SandboxLimits()
         self.max_workers = max_workers
+        self.length_shaping = length_shaping
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
         return self.score_batch([response], [example], [ctx])[0]
@@ -199,15 +226,25 @@ class CodeReward(BaseReward):
         parsed = [parse_test_cases(e) for e in examples]
         candidates = [(s.code, p.tests, p.fn_name) for s, p in zip(solutions, parsed)]
         programs = run_programs(candidates, self.limits, max_workers=self.max_workers)
-        return [
-            self._result(s, p, c) for s, p, c in zip(solutions, programs, contexts, strict=True)
-        ]
+        return [self._result(s, p, c) for s, p, c in zip(solutions, programs, contexts)]
 
-    def _result(self, solution: Solution, program: ProgramResult, ctx: RewardContext) -> RewardResult:
+    def _result(
+        self, solution: Solution, program: ProgramResult, ctx: RewardContext
+    ) -> RewardResult:
         all_passed = program.all_passed
         credit = program.pass_fraction if self.partial_credit else float(all_passed)
         gated = solution.format_valid or ctx.eval_mode
         reward = self.correct_reward * credit if gated else 0.0
+        penalty = 0.0
+        if self.length_shaping is not None and not ctx.eval_mode:
+            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
+            reward += penalty
+        if not gated:
+            reason = "bad_format"
+        elif all_passed:
+            reason = "correct"
+        else:
+            reason = _first_failure(program)
         return RewardResult(
             reward=reward,
             format_acc=1.0 if solution.format_valid else 0.0,
@@ -219,16 +256,17 @@ class CodeReward(BaseReward):
                 "test_statuses": program.statuses,
                 "test_passed": program.passed,
                 "test_durations_s": [round(t.duration_s, 4) for t in program.tests],
-                "first_failure": _first_failure(program),
+                "length_penalty": penalty,
+                "reason": reason,
             },
         )
 
 
-def _first_failure(program: ProgramResult) -> str | None:
+def _first_failure(program: ProgramResult) -> str:
     for i, test in enumerate(program.tests):
         if not test.passed:
             reason = test.detail
             if not reason and test.stderr_tail.strip():
                 reason = test.stderr_tail.strip().splitlines()[-1]
             return f"test {i}: {test.status}" + (f" ({reason})" if reason else "")
-    return None
+    return "correct"

@@ -35,6 +35,7 @@ Test formats:
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import marshal
 import os
@@ -327,6 +328,8 @@ def run_program(
     limits: SandboxLimits | None = None,
 ) -> ProgramResult:
     """Run ``source`` against ``tests`` in the sandbox; see the module docstring for formats."""
+    if not isinstance(source, str):
+        raise TypeError(f"run_program: source must be a str, got {type(source).__name__}")
     limits = limits or SandboxLimits()
     tests = list(tests)
     inputs = _validate(tests, fn_name)
@@ -377,10 +380,8 @@ def _run_runner(
 
 def _kill_group(proc: subprocess.Popen) -> None:
     # Called before the runner is reaped, so its pid (= the group id) cannot have been reused.
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _wait_group_gone(pgid: int, timeout_s: float = 2.0) -> None:
@@ -469,7 +470,11 @@ def _fill_missing(
             filled.append(raw)
             continue
         if compile_error is not None:
-            record = {"status": "runtime_error", "stderr": compile_error, "detail": "does not compile"}
+            record = {
+                "status": "runtime_error",
+                "stderr": compile_error,
+                "detail": "does not compile",
+            }
         elif overrun == "timeout" and first_missing:
             record = {"status": "timeout", "detail": "killed by the parent (deadline overrun)"}
         elif overrun == "timeout" or stopped_by_timeout:

@@ -1,0 +1,1 @@
+"""Helpers for testing zbrl and runs built on it (fault injection)."""

@@ -1,0 +1,17 @@
+"""Fault injection: reward functions that fail, for testing that a run surfaces worker errors.
+
+Use as ``reward.type=zbrl.testing.faults:failing_reward``; the producer that scores with it
+raises, and the driver must end the run with a message naming that producer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by the fault-injection helpers."""
+
+
+def failing_reward(response: str, example: Any, ctx: Any) -> float:
+    raise InjectedFault("injected producer failure (zbrl.testing.faults:failing_reward)")

@@ -1,0 +1,108 @@
+"""End-to-end runs on a local Ray (loopback only) with the embedded tiny model."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from zbrl.config import load_config
+from zbrl.launch.driver import run_training
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "recipes" / "demo.yaml"
+
+
+def small_overrides(tmp_path, cache):
+    return [
+        f"logging.run_dir={tmp_path / 'run'}",
+        f"logging.cache_dir={cache}",
+        "logging.progress=false",
+        "model.warm_start.steps=20",
+        "data.synthetic.num_train=200",
+        "data.synthetic.num_eval=16",
+        "eval.max_prompts=8",
+        "rollout.generation.max_new_tokens=16",
+        "rollout.generation.num_generations=4",
+        "rollout.inference_batch_size=2",
+        "rollout.inference_microbatch_size=2",
+        "training.train_batch_size=2",
+        "training.train_microbatch_size=8",
+    ]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_short_run_trains_saves_and_reports(tmp_path, cache):
+    # length shaping makes rewards differ inside groups even before the policy gets answers right
+    shaping = ["reward.soft_overlong_punishment=true", "reward.cache_length=12"]
+    cfg = load_config(DEMO, [*small_overrides(tmp_path, cache), *shaping, "training.max_steps=3"])
+    summary = run_training(cfg)
+    run_dir = tmp_path / "run"
+    assert summary["steps"] == 3
+    assert summary["samples_trained"] == 3 * 2 * 4
+    for key in ("wall_s", "producer_idle_frac", "consumer_idle_frac", "weight_sync_latency_p50_s"):
+        assert summary[key] is not None and summary[key] >= 0, key
+    assert 0 <= summary["eval_accuracy_initial"] <= 1
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert saved["steps"] == 3
+    # checkpoint: HF format, loadable, and different from the starting weights
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-3")
+    start_dir = next(Path(cache).glob("warm-*"))
+    start = AutoModelForCausalLM.from_pretrained(start_dir)
+    changed = [
+        k for k, v in final.state_dict().items() if not torch.equal(v, start.state_dict()[k])
+    ]
+    assert changed
+    # telemetry files
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = sorted(m["step"] for m in metrics if "loss" in m)
+    assert train_steps == [1, 2, 3]
+    assert any("eval_accuracy" in m for m in metrics)
+    names = {json.loads(x)["name"] for x in (run_dir / "timeline.jsonl").read_text().splitlines()}
+    assert {"generate", "train_step", "wait_for_data", "publish_weights", "load_weights"} <= names
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert trace["traceEvents"]
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run_dir / "eval" / "0.jsonl").is_file() and (run_dir / "eval" / "3.jsonl").is_file()
+
+
+def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache):
+    overrides = [
+        *small_overrides(tmp_path, cache),
+        "data.max_prompts=5",
+        "eval.sets={}",
+        "logging.save_final=false",
+    ]
+    summary = run_training(load_config(DEMO, overrides))
+    # 5 prompts in batches of 2: two full batches and the last prompt as a partial batch
+    assert summary["steps"] == 3
+    assert summary["partial_batches"] == 1
+    assert summary["samples_trained"] == 5 * 4
+    assert summary["samples_generated"] == 5 * 4
+
+
+def test_injected_producer_failure_ends_run_with_clear_error(tmp_path, cache):
+    overrides = [
+        *small_overrides(tmp_path, cache),
+        "reward.type=zbrl.testing.faults:failing_reward",
+        "eval.sets={}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "zbrl.cli", "train", str(DEMO), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,  # the run must end by itself well before this bound
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "producer-0 failed" in proc.stderr
+    assert "injected producer failure" in proc.stderr
