@@ -131,6 +131,7 @@ def test_take_waits_for_ticket_order():
     assert buf.take(2, timeout=0) == ("timeout", None)  # ticket 0 still pending
     buf.put([make_group(a.tickets[0], 0)])
     status, batch = buf.take(2, timeout=0)
+    assert status == "batch"
     assert [g.ticket for g in batch.groups] == [0, 1]
 
 

@@ -1,0 +1,91 @@
+"""``zbrl eval --model DIR --data FILE [--n N]``: evaluate a saved checkpoint outside training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from zbrl.config import load_config
+
+
+def _named(spec: str) -> tuple[str, str]:
+    """``NAME=PATH`` or ``PATH`` (named after the file stem)."""
+    name, sep, path = spec.partition("=")
+    return (name, path) if sep else (Path(spec).stem, spec)
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from zbrl.evaluation.evaluator import EvalSet, evaluate_set
+    from zbrl.launch import components
+    from zbrl.launch.workers import build_backend, quiet_transformers
+
+    quiet_transformers()
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model_dir}: not a model directory (no config.json)")
+    cfg = load_config(
+        None,
+        [
+            f"reward.type={args.reward}",
+            f"eval.num_samples={args.n}",
+            f"eval.temperature={args.temperature}",
+            f"eval.max_new_tokens={args.max_new_tokens}",
+            f"eval.batch_size={args.batch_size}",
+        ],
+    )
+    backend = build_backend(cfg, model_dir, model_dir)
+    reward = components.build_reward_fn(cfg)
+    params = components.eval_sampling_params(cfg)
+    out_dir = Path(args.out) if args.out else None
+    rows = []
+    torch.manual_seed(0)
+    for spec in args.data:
+        name, path = _named(spec)
+        prompts, _ = components.encode_prompts(path, cfg, backend.tokenizer, limit=args.max_prompts)
+        start = time.time()
+        with tqdm(total=len(prompts), desc=f"eval {name}", unit="prompt") as bar:
+            metrics, records = evaluate_set(
+                backend,
+                reward,
+                EvalSet(name, prompts),
+                params,
+                batch_size=args.batch_size,
+                on_batch=bar.update,
+            )
+        rows.append((name, metrics, time.time() - start))
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            with open(out_dir / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                for rec in records:
+                    f.write(json.dumps(rec) + "\n")
+    print(format_table(rows))
+    return 0
+
+
+def format_table(rows: list[tuple[str, dict[str, float], float]]) -> str:
+    ks = sorted(
+        {k for _, m, _ in rows for k in m if k.startswith("pass@")}, key=lambda k: int(k[5:])
+    )
+    header = ["set", "prompts", "accuracy", "format", *ks, "mean len", "seconds"]
+    lines = [header]
+    for name, m, secs in rows:
+        lines.append(
+            [
+                name,
+                f"{m['num_prompts']:.0f}",
+                f"{m['accuracy']:.3f}",
+                f"{m['format_acc']:.3f}",
+                *[f"{m[k]:.3f}" for k in ks],
+                f"{m['mean_length']:.1f}",
+                f"{secs:.1f}",
+            ]
+        )
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    out = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
