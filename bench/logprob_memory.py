@@ -17,8 +17,8 @@ the logits paths against ``naive``. Time is the median of ``--repeats`` runs.
 
 Usage::
 
-    python bench/logprob_memory.py            # B=8, T=1024, V=32000, H=64 (~2 min on 2 idle CPU cores)
-    python bench/logprob_memory.py --quick    # tiny sizes, a few seconds
+    python bench/logprob_memory.py          # B=8 T=1024 V=32000 H=64: ~2 min on 2 idle CPU cores
+    python bench/logprob_memory.py --quick  # tiny sizes, a few seconds
 """
 
 from __future__ import annotations

@@ -191,3 +191,12 @@ def test_validate_cli_bad_value_exits_nonzero(capsys):
     assert main(["validate", str(demo), "algorithm.clip_eps_low=1.5"]) == 2
     err = capsys.readouterr().err
     assert "algorithm.clip_eps_low" in err and "1.5" in err
+
+
+def test_docs_config_reference_is_up_to_date():
+    from zbrl.config.reference import markdown_reference
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+    assert doc.read_text() == markdown_reference(), (
+        "docs/config.md is stale: run `python -m zbrl.config.reference > docs/config.md`"
+    )
