@@ -107,6 +107,26 @@ def test_temperature_is_applied() -> None:
         )
 
 
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_large_and_minus_inf_logits_are_stable(with_entropy: bool) -> None:
+    logits, tokens, _ = make(4, torch.float32)
+    logits = logits * 1000.0  # exp would overflow without the max subtraction
+    logits[..., -3:] = float("-inf")  # e.g. padded vocabulary entries
+    logits.requires_grad_(True)
+    tokens = tokens.clamp_max(V - 4)
+    got, entropy = logprobs_and_entropy(logits, tokens, chunk_size=4, with_entropy=with_entropy)
+    want_logp, _ = naive(logits, tokens, 1.0)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want_logp, **FLOAT32_TOL)
+    loss = got.sum()
+    if with_entropy:  # the naive formula gives NaN here (0 · -inf); this one must not
+        assert entropy is not None and torch.isfinite(entropy).all()
+        loss = loss + entropy.sum()
+    loss.backward()
+    assert torch.isfinite(logits.grad).all()
+    assert torch.equal(logits.grad[..., -3:], torch.zeros(B, T, 3))
+
+
 def test_inputs_are_not_modified_and_no_grad_mode_works() -> None:
     logits, tokens, _ = make(1, torch.float32)
     before = logits.clone()

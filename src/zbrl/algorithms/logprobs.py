@@ -10,8 +10,9 @@ Temperature: logits are divided by ``temperature`` before the softmax. Use the t
 *sampled* the tokens (the behaviour policy's), so that the PPO ratio compares like with like.
 
 Memory: the ``B·T`` rows are processed in chunks of ``chunk_size`` rows, each upcast to float32
-on its own, so at most a few ``[chunk, V]`` float32 buffers exist at a time — never a float32
-copy of the whole ``[B, T, V]`` and never a saved ``log_softmax`` output. Backward (a custom
+on its own and then worked on in place, so one ``[chunk, V]`` float32 buffer exists at a time
+(two when the entropy is requested) — never a float32 copy of the whole ``[B, T, V]`` and never a
+saved ``log_softmax`` output. Backward (a custom
 autograd function) recomputes each chunk's softmax from the saved input logits and one float32
 log-sum-exp per row, and writes the gradient (in the logits' dtype) chunk by chunk.
 :func:`logprobs_from_hidden` goes one step further and never materialises the full logits.
@@ -42,6 +43,9 @@ def _check_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+_FLOAT32_MIN = torch.finfo(torch.float32).min
+
+
 def _scaled_float(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
     """A fresh float32 buffer holding ``logits / temperature`` (the caller's tensor untouched)."""
     x_CV = logits_CV.float()  # a new buffer unless the input is already float32
@@ -50,6 +54,13 @@ def _scaled_float(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature != 1.0:
         x_CV.div_(temperature)
     return x_CV
+
+
+def _logsumexp_(x_CV: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-sum-exp that overwrites ``x`` (with ``exp(x - max)``) instead of allocating."""
+    max_C1 = x_CV.amax(dim=1, keepdim=True)
+    max_C1 = torch.where(torch.isfinite(max_C1), max_C1, 0.0)  # rows of all -inf stay -inf
+    return max_C1.squeeze(1) + x_CV.sub_(max_C1).exp_().sum(dim=1).log()
 
 
 class _ChunkedLogprobEntropy(torch.autograd.Function):
@@ -65,15 +76,21 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         for start in range(0, num_rows, chunk_size):
             end = min(start + chunk_size, num_rows)
             x_CV = _scaled_float(logits_NV[start:end], temperature)
-            lse_C = torch.logsumexp(x_CV, dim=-1)
-            lse_N[start:end] = lse_C
             if want_logp:
                 picked_C = x_CV.gather(1, tokens_N[start:end].unsqueeze(1)).squeeze(1)
-                logp_N[start:end] = picked_C - lse_C
-            if want_entropy:  # H = -Σ_j p_j·log p_j (no lse - Σ p·x cancellation)
+            if want_entropy:  # H = -Σ_j p_j·log p_j (no lse - Σ p·x cancellation); 2 buffers
+                lse_C = torch.logsumexp(x_CV, dim=-1)
                 logp_CV = x_CV.sub_(lse_C.unsqueeze(1))  # in place: x -> log p
-                ent_N[start:end] = -(torch.exp(logp_CV).mul_(logp_CV).sum(dim=1))
+                p_CV = torch.exp(logp_CV)
+                # -inf logits (e.g. padded vocabulary): p·log p = 0·(-inf) would be NaN.
+                ent_N[start:end] = -(p_CV.mul_(logp_CV.clamp_min_(_FLOAT32_MIN)).sum(dim=1))
+                del p_CV
                 del logp_CV
+            else:
+                lse_C = _logsumexp_(x_CV)  # destroys x: a single [C, V] float32 buffer
+            lse_N[start:end] = lse_C
+            if want_logp:
+                logp_N[start:end] = picked_C - lse_C
             del x_CV
         ctx.save_for_backward(logits_NV, tokens_N, lse_N, ent_N)
         ctx.temperature = temperature
@@ -102,23 +119,25 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
             end = min(start + chunk_size, logits_NV.shape[0])
             x_CV = _scaled_float(logits_NV[start:end], temperature)
             logp_CV = x_CV.sub_(lse_N[start:end].unsqueeze(1))  # in place: x -> log p
-            p_CV = torch.exp(logp_CV)
             # d logp_tok / dx_j = 1[j = tok] - p_j ;  dH / dx_j = -p_j (log p_j + H)
-            if grad_ent_N is not None:
+            if grad_ent_N is not None:  # needs log p and p: two [C, V] buffers
+                p_CV = torch.exp(logp_CV)
+                logp_CV.clamp_min_(_FLOAT32_MIN)  # p = 0 where log p = -inf: keep 0·x finite
                 g_ent_C1 = grad_ent_N[start:end].float().unsqueeze(1)
                 grad_x_CV = logp_CV.add_(ent_N[start:end].unsqueeze(1)).mul_(p_CV).mul_(-g_ent_C1)
                 if grad_logp_N is not None:
                     g_logp_C1 = grad_logp_N[start:end].float().unsqueeze(1)
                     grad_x_CV.sub_(p_CV.mul_(g_logp_C1))
-            else:
+                del p_CV
+            else:  # log-probs only: everything in place in one buffer
                 g_logp_C1 = grad_logp_N[start:end].float().unsqueeze(1)
-                grad_x_CV = p_CV.mul_(-g_logp_C1)
+                grad_x_CV = logp_CV.exp_().mul_(-g_logp_C1)
             if grad_logp_N is not None:
                 grad_x_CV.scatter_add_(1, tokens_N[start:end].unsqueeze(1), g_logp_C1)
             if temperature != 1.0:
                 grad_x_CV.div_(temperature)
             grad_logits_NV[start:end] = grad_x_CV
-            del x_CV, logp_CV, p_CV, grad_x_CV
+            del x_CV, logp_CV, grad_x_CV
         return grad_logits_NV, None, None, None, None, None
 
 

@@ -1,0 +1,312 @@
+"""Consumer against a scripted stub buffer and a real Trainer on the embedded tiny model;
+Trainer-level checks of the optimizer step (zero advantages, masking, gradient accumulation)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zbrl.algorithms.policy_loss import LossConfig
+from zbrl.telemetry.spans import SpanRecorder
+from zbrl.training.consumer import Consumer, ConsumerSettings
+from zbrl.training.train_step import StepSettings, Trainer
+from zbrl.transport.handles import LocalHandle
+from zbrl.transport.weights import WeightPublisher, WeightStore
+from zbrl.types import RolloutGroup, TrainBatch
+
+
+class ScriptedBuffer:
+    """Plays back ``script`` entries (a TrainBatch or a status string) from ``take``."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.calls = []
+
+    def take(self, n, timeout):
+        self.calls.append(("take", n))
+        if not self.script:
+            return "end", None
+        item = self.script.pop(0)
+        return ("batch", item) if isinstance(item, TrainBatch) else (item, None)
+
+    def advance_version(self, version):
+        self.calls.append(("advance_version", version))
+
+    def close(self):
+        self.calls.append(("close",))
+
+    def snapshot(self):
+        return {"sample_utilization": 0.75}
+
+    def called(self, name):
+        return [c[1:] for c in self.calls if c[0] == name]
+
+
+class RecordingStore(WeightStore):
+    def __init__(self):
+        super().__init__()
+        self.versions = []
+
+    def put(self, message):
+        self.versions.append(message.version)
+        return super().put(message)
+
+
+def make_group(
+    seed,
+    *,
+    version=0,
+    rewards=(1.0, 0.0, 1.0, 0.0),
+    lengths=(3, 2, 4, 1),
+    truncated=None,
+    prompt_len=4,
+    temperature=1.0,
+):
+    gen = torch.Generator().manual_seed(seed)
+    g = len(rewards)
+    responses = [torch.randint(3, 100, (n,), generator=gen) for n in lengths]
+    return RolloutGroup(
+        uid=f"t.jsonl:{seed}@e0",
+        prompt_ids=torch.randint(3, 100, (prompt_len,), generator=gen).tolist(),
+        response_ids=responses,
+        behaviour_logprobs=[torch.full((n,), -4.6) for n in lengths],
+        rewards=list(rewards),
+        format_acc=[1.0] * g,
+        ans_acc=[float(r > 0) for r in rewards],
+        truncated=list(truncated or [False] * g),
+        policy_version=version,
+        temperature=temperature,
+        producer=0,
+        response_texts=[f"resp-{seed}-{j}" for j in range(g)],
+    )
+
+
+def batch(groups, step, partial=False):
+    return TrainBatch(
+        groups=groups,
+        step=step,
+        raw_groups=len(groups) + 1,
+        raw_metrics={"reward": 0.25, "ans_acc": 0.5},
+        partial=partial,
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def make_trainer(model_dir, *, lr=1e-2, optimizer="adamw", microbatch_size=4, **settings):
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    else:
+        opt = torch.optim.SGD(policy.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    kw = dict(advantage="grpo", loss=LossConfig(), microbatch_size=microbatch_size, pad_id=0)
+    kw.update(settings)
+    return Trainer(policy, opt, sched, StepSettings(**kw))
+
+
+def params_of(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+@pytest.fixture
+def publishers():
+    items = []
+    yield items
+    for p in items:
+        p.close()
+
+
+def run_consumer(trainer, script, tmp_path, publishers, tokenizer=None, **settings):
+    buffer = ScriptedBuffer(script)
+    store = RecordingStore()
+    publisher = WeightPublisher(LocalHandle(store))
+    publishers.append(publisher)
+    steps, rollouts = [], []
+    kw = dict(groups_per_step=2, max_steps=None, checkpoint_dir=str(tmp_path / "ckpt"))
+    kw.update(settings)
+    consumer = Consumer(
+        ConsumerSettings(**kw),
+        trainer,
+        LocalHandle(buffer),
+        publisher,
+        SpanRecorder("consumer-0", "consumer"),
+        tokenizer=tokenizer,
+        on_step=lambda v, m: steps.append((v, m)),
+        on_rollouts=lambda v, r: rollouts.append((v, r)),
+    )
+    return consumer, buffer, store, steps, rollouts
+
+
+def test_consumer_steps_publish_advance_and_metrics(tiny_model_dir, tokenizer, tmp_path, publishers):
+    trainer = make_trainer(tiny_model_dir)
+    script = [
+        batch([make_group(1, version=0), make_group(2, version=0)], 0),
+        "timeout",  # the consumer keeps waiting
+        batch([make_group(3, version=0), make_group(4, version=1)], 1),
+        batch([make_group(5, version=0, rewards=(1.0, 1.0, 0.0, 0.0))], 2, partial=True),
+    ]
+    consumer, buffer, store, steps, rollouts = run_consumer(
+        trainer,
+        script,
+        tmp_path,
+        publishers,
+        tokenizer=tokenizer,
+        save_interval=2,
+        log_rollout_interval=2,
+        rollouts_per_log=1,
+    )
+    result = consumer.run()
+
+    assert result.steps == 3 and consumer.version == 3
+    assert [v for v, _ in steps] == [1, 2, 3]
+    assert buffer.called("advance_version") == [(1,), (2,), (3,)]
+    assert buffer.called("take") == [(2,)] * 5  # 3 batches, one timeout, then "end"
+    assert buffer.calls[-1] == ("close",)
+    assert trainer.optimizer_steps == 3
+    # weights: announced versions only go up and end at the last step
+    assert store.latest_version() == 3
+    assert store.versions == sorted(set(store.versions)) and store.versions[-1] == 3
+    assert (result.groups_trained, result.samples_trained) == (5, 20)
+    assert result.partial_batches == 1
+
+    m1, m2, m3 = (m for _, m in steps)
+    # staleness = version trained at - version generated with, per group
+    assert (m1["staleness_mean"], m1["staleness_max"]) == (0.0, 0.0)
+    assert (m2["staleness_mean"], m2["staleness_max"]) == (0.5, 1.0)  # behind: [1, 0]
+    assert (m3["staleness_mean"], m3["staleness_max"]) == (2.0, 2.0)
+    assert [m["partial_batch"] for m in (m1, m2, m3)] == [0.0, 0.0, 1.0]
+    assert [m["groups"] for m in (m1, m2, m3)] == [2.0, 2.0, 1.0]
+    assert m1["raw_groups"] == 3.0 and m1["reward"] == 0.25  # buffer's pre-filter metrics
+    assert m1["train_reward"] == pytest.approx(0.5) and m1["train_ans_acc"] == pytest.approx(0.5)
+    assert m1["sample_utilization"] == 0.75
+    assert m1["trained_tokens"] == 2 * (3 + 2 + 4 + 1)
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in (m1, m2, m3))
+
+    # save_interval=2: step-2 plus the final step-3, both loadable
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-3"]
+    assert result.final_checkpoint == str(ckpt / "step-3")
+    final = AutoModelForCausalLM.from_pretrained(result.final_checkpoint)
+    mid = AutoModelForCausalLM.from_pretrained(ckpt / "step-2")
+    key = "model.embed_tokens.weight"
+    assert torch.equal(final.state_dict()[key], trainer.policy.state_dict()[key])
+    assert torch.equal(final.state_dict()[key], store.latest().payload[key])
+    assert not torch.equal(mid.state_dict()[key], final.state_dict()[key])
+    assert AutoTokenizer.from_pretrained(ckpt / "step-2").pad_token_id == tokenizer.pad_token_id
+
+    # rollout records every 2 steps: only step 2, one group, decoded
+    assert [v for v, _ in rollouts] == [2]
+    (record,) = rollouts[0][1]
+    group3 = script[2].groups[0]
+    assert record["step"] == 2 and record["uid"] == group3.uid
+    assert record["policy_version"] == 0
+    assert record["prompt"] == tokenizer.decode(group3.prompt_ids, skip_special_tokens=False)
+    assert record["responses"] == [f"resp-3-{j}" for j in range(4)]
+    assert record["rewards"] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_consumer_stops_at_max_steps(tiny_model_dir, tmp_path, publishers):
+    trainer = make_trainer(tiny_model_dir)
+    script = [batch([make_group(i)], i) for i in range(3)]
+    consumer, buffer, store, steps, _ = run_consumer(
+        trainer, script, tmp_path, publishers, max_steps=2, save_final=False
+    )
+    result = consumer.run()
+    assert result.steps == 2 and result.final_checkpoint is None
+    assert len(buffer.script) == 1  # the third batch was never taken
+    assert buffer.called("advance_version") == [(1,), (2,)]
+    assert buffer.calls[-1] == ("close",)
+    assert store.latest_version() == 2
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_consumer_closes_buffer_when_training_raises(tiny_model_dir, tmp_path, publishers):
+    trainer = make_trainer(tiny_model_dir)
+    broken = make_group(9)
+    broken.rewards = [1.0, 0.0]  # 2 rewards for 4 completions: ragged reward matrix
+    script = [batch([make_group(1)], 0), batch([make_group(2), broken], 1)]
+    consumer, buffer, store, steps, _ = run_consumer(trainer, script, tmp_path, publishers)
+    with pytest.raises(ValueError):
+        consumer.run()
+    assert buffer.calls[-1] == ("close",)
+    assert buffer.called("advance_version") == [(1,)]
+    assert [v for v, _ in steps] == [1]
+    assert consumer.version == 1
+    assert not (tmp_path / "ckpt").exists()  # no final checkpoint after a failure
+
+
+def test_identical_rewards_give_no_update(tiny_model_dir):
+    trainer = make_trainer(tiny_model_dir)
+    before = params_of(trainer.policy)
+    groups = [make_group(1, rewards=(1.0,) * 4), make_group(2, rewards=(0.0,) * 4)]
+    metrics = trainer.train(groups)
+    assert metrics["advantage_abs_mean"] == 0.0
+    assert metrics["grad_norm"] == 0.0
+    after = params_of(trainer.policy)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert trainer.optimizer_steps == 1
+
+
+def test_nontrivial_batch_changes_parameters(tiny_model_dir):
+    trainer = make_trainer(tiny_model_dir)
+    before = params_of(trainer.policy)
+    metrics = trainer.train([make_group(1), make_group(2, rewards=(0.0, 1.0, 0.5, 0.0))])
+    assert metrics["grad_norm"] > 0
+    assert metrics["advantage_abs_mean"] > 0
+    after = params_of(trainer.policy)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert "model.embed_tokens.weight" in changed
+    assert len(changed) == len(before)
+
+
+def test_filter_truncated_excludes_truncated_tokens(tiny_model_dir):
+    groups = [
+        make_group(1, lengths=(3, 2, 4, 1), truncated=[False, True, False, True]),
+        make_group(2, lengths=(5, 2, 2, 3), truncated=[True, False, False, False]),
+    ]
+    kept = make_trainer(tiny_model_dir, filter_truncated=False).train(groups)
+    assert kept["trained_tokens"] == 10 + 12
+    assert kept["num_tokens"] == 22
+    masked = make_trainer(tiny_model_dir, filter_truncated=True).train(groups)
+    assert masked["trained_tokens"] == (3 + 4) + (2 + 2 + 3)
+    assert masked["num_tokens"] == 14
+
+
+def test_loss_filter_range_masks_groups_in_trainer(tiny_model_dir):
+    groups = [make_group(1), make_group(2, rewards=(1.0,) * 4)]  # acc 0.5 and 1.0
+    metrics = make_trainer(tiny_model_dir, loss_filter_range=(0.01, 0.99)).train(groups)
+    assert metrics["trained_tokens"] == 10
+
+
+def test_gradient_accumulation_matches_one_micro_batch(tiny_model_dir):
+    groups = [
+        make_group(1, lengths=(3, 6, 1, 2), prompt_len=3),
+        make_group(2, rewards=(0.0, 1.0, 0.0, 0.0), lengths=(2, 2, 7, 4), prompt_len=6),
+    ]
+    models = []
+    for size in (8, 3, 1):
+        trainer = make_trainer(tiny_model_dir, optimizer="sgd", lr=1.0, microbatch_size=size)
+        before = params_of(trainer.policy)
+        trainer.train(groups)
+        after = params_of(trainer.policy)
+        models.append({k: after[k] - before[k] for k in before})
+    ref = models[0]
+    assert ref["model.embed_tokens.weight"].abs().sum() > 0
+    for other in models[1:]:
+        for k in ref:
+            torch.testing.assert_close(other[k], ref[k], atol=1e-5, rtol=1e-4)
+
+
+def test_minibatch_groups_take_several_optimizer_steps(tiny_model_dir):
+    trainer = make_trainer(tiny_model_dir, minibatch_groups=1)
+    trainer.train([make_group(1), make_group(2), make_group(3)])
+    assert trainer.optimizer_steps == 3
+
+
+def test_beta_without_reference_is_rejected(tiny_model_dir):
+    with pytest.raises(ValueError, match="reference model"):
+        make_trainer(tiny_model_dir, loss=LossConfig(beta=0.1))

@@ -1,0 +1,259 @@
+"""WeightStore / WeightPublisher / WeightReceiver over in-process handles (no Ray)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from zbrl.telemetry.spans import SpanRecorder
+from zbrl.transport.handles import LocalHandle
+from zbrl.transport.weights import WeightPublisher, WeightReceiver, WeightStore, cpu_copy
+from zbrl.types import WeightsMessage
+
+WAIT = 10.0  # generous upper bound for waits on background threads (never hit when passing)
+
+
+class GatedHandle(LocalHandle):
+    """A store handle whose ``put_object`` blocks until the test opens the gate."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.sent = threading.Event()
+        self.put_versions = []  # versions whose payload reached put_object, in order
+
+    def put_object(self, value):
+        self.put_versions.append(int(value["v"]))
+        self.started.set()
+        assert self.gate.wait(WAIT), "test never opened the gate"
+        self.sent.set()
+        return value
+
+
+class FailingHandle(LocalHandle):
+    def __init__(self, store, *, put_fails=False, get_fails=False):
+        super().__init__(store)
+        self.put_fails, self.get_fails = put_fails, get_fails
+
+    def put_object(self, value):
+        if self.put_fails:
+            raise ConnectionError("object store unreachable")
+        return value
+
+    def get_object(self, payload, timeout=None):
+        if self.get_fails:
+            raise ConnectionError("object lost")
+        return payload
+
+
+def state(v, size=3):
+    return {"v": torch.tensor(float(v)), "w": torch.full((size,), float(v))}
+
+
+@pytest.fixture
+def closers():
+    items = []
+    yield items
+    for item in items:
+        item.close()
+
+
+def test_store_keeps_newest_version_and_never_goes_back():
+    store = WeightStore()
+    assert store.latest_version() == -1 and store.latest() is None
+    assert store.put(WeightsMessage(3, 0.0, "p3"))
+    assert not store.put(WeightsMessage(2, 0.0, "p2"))
+    assert not store.put(WeightsMessage(3, 0.0, "p3b"))
+    assert store.latest_version() == 3 and store.latest().payload == "p3"
+    assert store.put(WeightsMessage(4, 0.0, "p4"))
+    assert store.latest().payload == "p4"
+
+
+def test_cpu_copy_is_detached_and_independent():
+    t = torch.ones(2, requires_grad=True)
+    copy = cpu_copy({"t": t})
+    assert not copy["t"].requires_grad
+    with torch.no_grad():
+        t.add_(1.0)
+    assert copy["t"].tolist() == [1.0, 1.0]
+
+
+def test_publish_returns_before_the_send_finishes(closers):
+    store = WeightStore()
+    handle = GatedHandle(store)
+    pub = WeightPublisher(handle, SpanRecorder("c", "consumer"))
+    closers.append(pub)
+    pub.publish(1, state(1))
+    # publish has returned while the background send is (or will be) blocked on the gate
+    assert not handle.sent.is_set()
+    assert store.latest_version() == -1
+    assert pub.sent_version == -1
+    assert handle.started.wait(WAIT)
+    handle.gate.set()
+    pub.flush(timeout=WAIT)
+    assert handle.sent.is_set()
+    assert store.latest_version() == 1 and pub.sent_version == 1
+    assert torch.equal(store.latest().payload["w"], torch.full((3,), 1.0))
+
+
+def test_newer_staged_version_supersedes_older_unsent(closers):
+    store = WeightStore()
+    handle = GatedHandle(store)
+    pub = WeightPublisher(handle)
+    closers.append(pub)
+    pub.publish(1, state(1))
+    assert handle.started.wait(WAIT)  # v1 is being sent (blocked)
+    pub.publish(2, state(2))
+    pub.publish(3, state(3))  # v2 was never sent: v3 replaces it in the staging slot
+    handle.gate.set()
+    pub.flush(timeout=WAIT)
+    assert handle.put_versions == [1, 3]
+    assert store.latest_version() == 3
+    assert store.latest().payload["w"].tolist() == [3.0, 3.0, 3.0]
+
+
+def test_store_versions_never_go_backwards_through_publisher(closers):
+    store = WeightStore()
+    pub = WeightPublisher(LocalHandle(store))
+    closers.append(pub)
+    pub.publish(5, state(5))
+    pub.flush(timeout=WAIT)
+    pub.publish(3, state(3))
+    pub.flush(timeout=WAIT)
+    assert store.latest_version() == 5
+    assert store.latest().payload["w"].tolist() == [5.0, 5.0, 5.0]
+
+
+def test_published_payload_is_a_copy_never_torn(closers):
+    model = torch.nn.Linear(3, 2)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    store = WeightStore()
+    handle = GatedHandle(store)
+    pub = WeightPublisher(handle)
+    closers.append(pub)
+    pub.publish(1, {**model.state_dict(), "v": torch.tensor(1.0)})
+    assert handle.started.wait(WAIT)
+    with torch.no_grad():  # the next training step mutates the model while v1 is in flight
+        for p in model.parameters():
+            p.add_(10.0)
+    handle.gate.set()
+    pub.flush(timeout=WAIT)
+    payload = store.latest().payload
+    for k, v in expected.items():
+        assert torch.equal(payload[k], v), k
+        assert payload[k].data_ptr() != model.state_dict()[k].data_ptr()
+
+
+def test_flush_times_out_with_clear_message(closers):
+    handle = GatedHandle(WeightStore())
+    pub = WeightPublisher(handle)
+    closers.append(pub)
+    pub.publish(1, state(1))
+    with pytest.raises(TimeoutError, match="not published within"):
+        pub.flush(timeout=0.05)
+    handle.gate.set()
+    pub.flush(timeout=WAIT)
+
+
+def test_publisher_background_error_surfaces_on_next_call(closers):
+    pub = WeightPublisher(FailingHandle(WeightStore(), put_fails=True))
+    closers.append(pub)
+    pub.publish(1, state(1))  # returns: the failure happens on the background thread
+    with pytest.raises(RuntimeError, match="weight publishing failed.*object store unreachable"):
+        pub.flush(timeout=WAIT)
+    with pytest.raises(RuntimeError, match="weight publishing failed"):
+        pub.publish(2, state(2))
+
+
+def test_publisher_records_publish_spans_on_weights_thread(closers):
+    rec = SpanRecorder("c", "consumer")
+    pub = WeightPublisher(LocalHandle(WeightStore()), rec)
+    closers.append(pub)
+    pub.publish(1, state(1))
+    pub.flush(timeout=WAIT)
+    spans = rec.drain()
+    assert [(s["name"], s["thread"], s["attrs"]["version"]) for s in spans] == [
+        ("publish_weights", "weights", 1)
+    ]
+
+
+def test_receiver_fetch_poll_wait_receive_into_order(closers):
+    store = WeightStore()
+    rec = SpanRecorder("p", "producer")
+    receiver = WeightReceiver(LocalHandle(store), rec, poll_interval_s=0.01)
+    closers.append(receiver)
+    loads = []
+
+    def load(sd):
+        loads.append((int(sd["v"]), threading.current_thread() is threading.main_thread()))
+
+    assert receiver.poll() == -1 and receiver.loaded_version == -1
+    assert receiver.receive_into(load) is False and loads == []
+    assert receiver.wait_for(1, timeout=0.05) is False
+
+    store.put(WeightsMessage(1, time.time(), state(1)))
+    assert receiver.wait_for(1, timeout=WAIT) is True
+    assert receiver.poll() == 1
+    assert receiver.loaded_version == -1  # fetched, not loaded: loading is the caller's job
+    assert receiver.receive_into(load) is True
+    assert loads == [(1, True)] and receiver.loaded_version == 1
+    assert len(receiver.latencies_s) == 1 and receiver.latencies_s[0] >= 0
+    assert receiver.receive_into(load) is False  # nothing newer
+    assert len(receiver.latencies_s) == 1
+
+    store.put(WeightsMessage(2, time.time(), state(2)))
+    store.put(WeightsMessage(3, time.time(), state(3)))
+    assert receiver.wait_for(3, timeout=WAIT)
+    assert receiver.receive_into(load) is True
+    assert loads == [(1, True), (3, True)] and receiver.loaded_version == 3
+    assert len(receiver.latencies_s) == 2
+    assert [s["attrs"]["version"] for s in rec.drain() if s["name"] == "load_weights"] == [1, 3]
+
+
+def test_receiver_initial_version_skips_older_weights(closers):
+    store = WeightStore()
+    store.put(WeightsMessage(0, time.time(), state(0)))
+    receiver = WeightReceiver(LocalHandle(store), poll_interval_s=0.01, initial_version=0)
+    closers.append(receiver)
+    assert receiver.wait_for(0, timeout=WAIT)
+    assert receiver.receive_into(lambda sd: pytest.fail("v0 is already loaded")) is False
+    assert receiver.loaded_version == 0
+
+
+def test_wait_for_wakes_on_publish_from_another_thread(closers):
+    store = WeightStore()
+    pub = WeightPublisher(LocalHandle(store))
+    receiver = WeightReceiver(LocalHandle(store), poll_interval_s=0.01)
+    closers.extend([pub, receiver])
+    timer = threading.Timer(0.05, lambda: pub.publish(2, state(2)))
+    timer.start()
+    assert receiver.wait_for(2, timeout=WAIT)
+    timer.join()
+    got = {}
+    assert receiver.receive_into(got.update)
+    assert got["w"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_receiver_background_error_surfaces_on_next_call(closers):
+    store = WeightStore()
+    store.put(WeightsMessage(1, time.time(), state(1)))
+    receiver = WeightReceiver(FailingHandle(store, get_fails=True), poll_interval_s=0.01)
+    closers.append(receiver)
+    with pytest.raises(RuntimeError, match="weight receiving failed.*object lost"):
+        receiver.wait_for(1, timeout=WAIT)
+    with pytest.raises(RuntimeError, match="weight receiving failed"):
+        receiver.poll()
+    with pytest.raises(RuntimeError, match="weight receiving failed"):
+        receiver.receive_into(lambda sd: None)
+
+
+def test_receiver_close_releases_waiters():
+    receiver = WeightReceiver(LocalHandle(WeightStore()), poll_interval_s=0.01)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(ok=receiver.wait_for(1)))
+    thread.start()
+    receiver.close()
+    thread.join(timeout=WAIT)
+    assert not thread.is_alive() and result == {"ok": False}
