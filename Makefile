@@ -18,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 setup: $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q tests
 
 lint: setup
 	$(BIN)/ruff check src tests bench
@@ -29,9 +29,11 @@ format: setup
 	$(BIN)/ruff format src tests bench
 
 demo: setup
-	$(BIN)/zbrl demo
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/zbrl demo
 
 bench: setup
+	$(BIN)/python bench/sync_vs_async.py
+	$(BIN)/python bench/rewards.py
 	$(BIN)/python bench/logprob_memory.py
 
 clean:

@@ -1,6 +1,7 @@
 """Producer against a stub backend and stub reward, a real RolloutBuffer and weight receiver
 (in-process handles, no Ray)."""
 
+import itertools
 import threading
 import time
 
@@ -217,6 +218,21 @@ def test_tickets_are_consumed_in_order_and_data_end_releases_the_rest(rig_factor
     assert [g.ticket for b in batches for g in b.groups] == [0, 1, 2, 3, 4]
 
 
+def test_inference_micro_batches_split_each_reservation(rig_factory):
+    rig = rig_factory(num_prompts=5, groups_per_step=3)
+    producer, backend, _ = rig.producer(inference_batch_size=3, inference_microbatch_size=2)
+    producer.run()
+    # reservations [0, 1, 2] -> chunks of 2 + 1; [3, 4, 5 released] -> one chunk of 2;
+    # [6, 7, 8] all released
+    assert [len(prompts) for prompts, _, _ in backend.generate_calls] == [2, 1, 2]
+    assert rig.buffer.stats.tickets_released == 4
+    groups, status = rig.take_all(3)
+    assert status == "end"
+    assert [g.ticket for g in groups] == [0, 1, 2, 3, 4]
+    served = [p for prompts, _, _ in backend.generate_calls for p in prompts]
+    assert [g.prompt_ids for g in groups] == served
+
+
 def test_two_producers_cover_disjoint_shards_once_per_epoch(rig_factory):
     rig = rig_factory(num_prompts=7, num_producers=2)
     p0, _, _ = rig.producer(index=0, num_producers=2, num_epochs=2)
@@ -228,9 +244,7 @@ def test_two_producers_cover_disjoint_shards_once_per_epoch(rig_factory):
     assert status == "end"
     for epoch in (0, 1):
         in_epoch = [g for g in groups if g.uid.endswith(f"@e{epoch}")]
-        by_producer = {
-            k: {prompt_index(g) for g in in_epoch if g.producer == k} for k in (0, 1)
-        }
+        by_producer = {k: {prompt_index(g) for g in in_epoch if g.producer == k} for k in (0, 1)}
         assert not by_producer[0] & by_producer[1]
         assert by_producer[0] | by_producer[1] == set(range(7))
         assert len(in_epoch) == 7
@@ -275,8 +289,7 @@ def test_staleness_zero_waits_for_required_version(rig_factory):
     assert status == "batch" and [g.policy_version for g in batch.groups] == [1, 1]
     spans = producer.recorder.drain()
     assert any(
-        s["name"] == "wait_for_weights" and s["attrs"].get("reason") == "staleness"
-        for s in spans
+        s["name"] == "wait_for_weights" and s["attrs"].get("reason") == "staleness" for s in spans
     )
 
 
@@ -309,7 +322,7 @@ def test_temperature_anneals_over_first_epoch(rig_factory):
     temps = [g.temperature for g in sorted(groups, key=lambda g: g.ticket)]
     expected_first = [1.0 - 0.5 * k / 8 for k in range(8)]
     assert temps[:8] == pytest.approx(expected_first)
-    assert all(b < a for a, b in zip(temps[:8], temps[1:8]))
+    assert all(b < a for a, b in itertools.pairwise(temps[:8]))
     assert temps[8:] == pytest.approx([0.5] * 8)
     # the backend sampled at the group's temperature
     assert [params.temperature for _, params, _ in backend.generate_calls] == pytest.approx(temps)

@@ -1,5 +1,6 @@
 """lr_factor: linear warmup from 1/warmup, then cosine decay to a floor (or constant)."""
 
+import itertools
 import math
 
 import pytest
@@ -19,7 +20,7 @@ def test_warmup_is_linear_from_one_over_warmup_to_one():
         for s in range(5)
     ]
     assert factors == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
-    diffs = [b - a for a, b in zip(factors[:4], factors[1:4])]
+    diffs = [b - a for a, b in itertools.pairwise(factors[:4])]
     assert diffs == pytest.approx([0.25, 0.25, 0.25])
 
 
@@ -67,7 +68,7 @@ def test_monotone_non_increasing_after_warmup_and_bounded(warmup, total):
     kw = dict(warmup_steps=warmup, total_steps=total, decay="cosine", min_ratio=0.1)
     values = [lr_factor(s, **kw) for s in range(warmup, total + 20)]
     assert values[0] == pytest.approx(1.0)
-    assert all(b <= a + 1e-12 for a, b in zip(values, values[1:]))
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(values))
     assert all(0.1 - 1e-12 <= v <= 1.0 for v in values)
     assert values[-1] == pytest.approx(0.1)
 

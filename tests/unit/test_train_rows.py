@@ -43,7 +43,12 @@ def test_build_rows_one_row_per_completion_in_order():
     assert len(rows) == 4
     assert [r.advantage for r in rows] == [-1.0, 1.0, 0.5, -0.5]
     assert [r.prompt_ids for r in rows] == [[5, 6, 7], [5, 6, 7], [8], [8]]
-    assert [r.response_ids.tolist() for r in rows] == [[11, 12], [13, 14, 15, 16], [21], [22, 23, 24]]
+    assert [r.response_ids.tolist() for r in rows] == [
+        [11, 12],
+        [13, 14, 15, 16],
+        [21],
+        [22, 23, 24],
+    ]
     assert [r.temperature for r in rows] == [1.0, 1.0, 0.7, 0.7]
     assert all(r.trained for r in rows)
     assert torch.equal(rows[3].old_logprobs, groups[1].behaviour_logprobs[1])

@@ -161,7 +161,7 @@ def test_publisher_background_error_surfaces_on_next_call(closers):
     pub = WeightPublisher(FailingHandle(WeightStore(), put_fails=True))
     closers.append(pub)
     pub.publish(1, state(1))  # returns: the failure happens on the background thread
-    with pytest.raises(RuntimeError, match="weight publishing failed.*object store unreachable"):
+    with pytest.raises(RuntimeError, match=r"weight publishing failed.*object store unreachable"):
         pub.flush(timeout=WAIT)
     with pytest.raises(RuntimeError, match="weight publishing failed"):
         pub.publish(2, state(2))
@@ -241,7 +241,7 @@ def test_receiver_background_error_surfaces_on_next_call(closers):
     store.put(WeightsMessage(1, time.time(), state(1)))
     receiver = WeightReceiver(FailingHandle(store, get_fails=True), poll_interval_s=0.01)
     closers.append(receiver)
-    with pytest.raises(RuntimeError, match="weight receiving failed.*object lost"):
+    with pytest.raises(RuntimeError, match=r"weight receiving failed.*object lost"):
         receiver.wait_for(1, timeout=WAIT)
     with pytest.raises(RuntimeError, match="weight receiving failed"):
         receiver.poll()

@@ -1,6 +1,6 @@
 """Generate the configuration reference (docs/config.md) from the models themselves.
 
-    python -m zbrl.config.reference > docs/config.md
+python -m zbrl.config.reference > docs/config.md
 """
 
 from __future__ import annotations

@@ -42,9 +42,12 @@ class TransformersBackend:
             return []
         input_ids, attention = self._left_pad(prompts)
         greedy = params.temperature == 0
+        # greedy decoding gives the same answer n times: decode once, copy (transformers refuses
+        # num_return_sequences > 1 without sampling)
+        per_prompt = 1 if greedy else params.n
         kwargs = {
             "max_new_tokens": params.max_new_tokens,
-            "num_return_sequences": params.n,
+            "num_return_sequences": per_prompt,
             "do_sample": not greedy,
             "return_dict_in_generate": True,
             "output_logits": True,
@@ -65,9 +68,11 @@ class TransformersBackend:
         temperature = 1.0 if greedy else params.temperature
         logprobs_NL = self._sampled_logprobs(logits_LNV, new_tokens_NL, temperature)
         completions = [
-            self._completion(new_tokens_NL[i], logprobs_NL[i], params.max_new_tokens)
+            self._completion(new_tokens_NL[i], logprobs_NL[i], params)
             for i in range(new_tokens_NL.shape[0])
         ]
+        if greedy:
+            return [[_copy(c) for _ in range(params.n)] for c in completions]
         return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
@@ -101,20 +106,41 @@ class TransformersBackend:
             )
         return out
 
-    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor, budget: int) -> Completion:
-        length = self._response_length(tokens)
-        ended_by_eos = length > 0 and int(tokens[length - 1]) in self.eos_ids
-        stopped_early = length < tokens.shape[0]
-        finish = "stop" if (ended_by_eos or stopped_early or length < budget) else "length"
+    def _completion(
+        self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams
+    ) -> Completion:
+        length, stopped = self._response_end(tokens, params.stop_strings)
+        finish = "stop" if stopped else "length"
         ids = tokens[:length].clone()
         text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
         return Completion(ids, logprobs[:length].clone(), text, finish)
 
-    def _response_length(self, tokens: torch.Tensor) -> int:
+    def _response_end(
+        self, tokens: torch.Tensor, stop_strings: tuple[str, ...]
+    ) -> tuple[int, bool]:
+        """(response length, ended by EOS or a stop string).
+
+        ``generate`` pads a sequence once it finished; a pad token ends the response only where
+        the text before it ends with a stop string, so a pad token the model sampled is kept.
+        """
         values = tokens.tolist()
         for i, tok in enumerate(values):
             if tok in self.eos_ids:
-                return i + 1
-            if tok == self.pad_id:
-                return i  # generate pads a sequence once a stop string finished it
-        return len(values)
+                return i + 1, True
+            if (
+                stop_strings
+                and tok == self.pad_id
+                and self._ends_with_stop(values[:i], stop_strings)
+            ):
+                return i, True
+        return len(values), self._ends_with_stop(values, stop_strings)
+
+    def _ends_with_stop(self, ids: list[int], stop_strings: tuple[str, ...]) -> bool:
+        if not stop_strings or not ids:
+            return False
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return any(text.endswith(s) for s in stop_strings)
+
+
+def _copy(c: Completion) -> Completion:
+    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason)
