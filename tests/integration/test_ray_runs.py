@@ -44,7 +44,8 @@ def cache(tmp_path_factory):
 def test_short_run_trains_saves_and_reports(tmp_path, cache):
     # length shaping makes rewards differ inside groups even before the policy gets answers right
     shaping = ["reward.soft_overlong_punishment=true", "reward.cache_length=12"]
-    cfg = load_config(DEMO, [*small_overrides(tmp_path, cache), *shaping, "training.max_steps=3"])
+    extra = [*shaping, "training.max_steps=3", "logging.log_rollout_interval=2"]
+    cfg = load_config(DEMO, [*small_overrides(tmp_path, cache), *extra])
     summary = run_training(cfg)
     run_dir = tmp_path / "run"
     assert summary["steps"] == 3
@@ -73,6 +74,9 @@ def test_short_run_trains_saves_and_reports(tmp_path, cache):
     assert trace["traceEvents"]
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (run_dir / "eval" / "0.jsonl").is_file() and (run_dir / "eval" / "3.jsonl").is_file()
+    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert rollouts and {r["step"] for r in rollouts} == {2}
+    assert len(rollouts[0]["responses"]) == 4 and isinstance(rollouts[0]["responses"][0], str)
 
 
 def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache):

@@ -76,9 +76,16 @@ class BaseReward:
         examples: Sequence[Example],
         contexts: Sequence[RewardContext],
     ) -> list[RewardResult]:
-        if not (len(responses) == len(examples) == len(contexts)):
-            raise ValueError(
-                f"score_batch got {len(responses)} responses, {len(examples)} examples and "
-                f"{len(contexts)} contexts; pass one example and one context per response"
-            )
+        check_batch_lengths(responses, examples, contexts)
         return [self.score(r, e, c) for r, e, c in zip(responses, examples, contexts)]
+
+
+def check_batch_lengths(
+    responses: Sequence[str], examples: Sequence[Example], contexts: Sequence[RewardContext]
+) -> None:
+    """``score_batch`` needs one example and one context per response."""
+    if not (len(responses) == len(examples) == len(contexts)):
+        raise ValueError(
+            f"score_batch got {len(responses)} responses, {len(examples)} examples and "
+            f"{len(contexts)} contexts; pass one example and one context per response"
+        )

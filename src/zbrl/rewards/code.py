@@ -23,7 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardContext,
+    RewardResult,
+    check_batch_lengths,
+)
 from zbrl.rewards.length import LengthShaping
 from zbrl.rewards.registry import register_reward
 from zbrl.rewards.sandbox import (
@@ -217,11 +223,7 @@ class CodeReward(BaseReward):
         examples: Sequence[Example],
         contexts: Sequence[RewardContext],
     ) -> list[RewardResult]:
-        if not (len(responses) == len(examples) == len(contexts)):
-            raise ValueError(
-                f"score_batch got {len(responses)} responses, {len(examples)} examples and "
-                f"{len(contexts)} contexts; pass one example and one context per response"
-            )
+        check_batch_lengths(responses, examples, contexts)
         solutions = [extract_solution(r) for r in responses]
         parsed = [parse_test_cases(e) for e in examples]
         candidates = [(s.code, p.tests, p.fn_name) for s, p in zip(solutions, parsed)]

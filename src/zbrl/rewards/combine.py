@@ -13,7 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardFunction, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardContext,
+    RewardFunction,
+    RewardResult,
+    check_batch_lengths,
+)
 
 
 class CombinedReward(BaseReward):
@@ -53,11 +60,7 @@ class CombinedReward(BaseReward):
         examples: Sequence[Example],
         contexts: Sequence[RewardContext],
     ) -> list[RewardResult]:
-        if not (len(responses) == len(examples) == len(contexts)):
-            raise ValueError(
-                f"score_batch got {len(responses)} responses, {len(examples)} examples and "
-                f"{len(contexts)} contexts; pass one example and one context per response"
-            )
+        check_batch_lengths(responses, examples, contexts)
         per_component = []
         for fn, _ in self.components:
             results = fn.score_batch(responses, examples, contexts)
