@@ -15,9 +15,12 @@ EMBEDDED = "embedded"
 class WarmStartConfig(Section):
     """The short supervised warm start of the embedded model (ignored for user models)."""
 
-    steps: int = Field(default=300, ge=0)
-    """Supervised steps on the synthetic train split before RL; 0 starts RL from random weights."""
-    lr: float = Field(default=3e-3, gt=0)
+    steps: int = Field(default=500, ge=0)
+    """Most supervised steps on the synthetic train split before RL (0: RL from random weights)."""
+    stop_at_accuracy: float = Field(default=0.4, gt=0, le=1)
+    """Stop the warm start early once greedy accuracy on unseen training-split problems reaches
+    this value, so that RL, not the warm start, makes the improvement."""
+    lr: float = Field(default=2e-3, gt=0)
     """Learning rate of the warm start."""
     batch_size: int = Field(default=32, ge=1)
     """Examples per warm-start step."""

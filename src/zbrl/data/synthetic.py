@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-SYSTEM_PROMPT = "Work in <think></think>, answer in <answer></answer>."
+SYSTEM_PROMPT = "Format: <think></think><answer></answer>"
 """Short on purpose: with a character-level tokenizer every character is a token."""
 HELDOUT_FRACTION = 0.1
 """Fraction of the problem space reserved for the held-out (eval) split."""
@@ -92,7 +92,7 @@ def make_arithmetic_rows(
     split: Split = "any",
     system_prompt: str = SYSTEM_PROMPT,
 ) -> list[dict]:
-    """``n`` distinct addition problems, operands uniform over ``min_digits``..``max_digits`` digits.
+    """``n`` distinct problems ``a+b``, operands uniform over ``min_digits``..``max_digits`` digits.
 
     Deterministic for a given ``seed`` and arguments. ``split`` restricts the problems to the
     train or held-out (eval) part of the problem space (see :func:`problem_split`).
@@ -159,7 +159,7 @@ def write_task(
     min_digits: int = 1,
     max_digits: int = 2,
 ) -> tuple[Path, Path]:
-    """Write ``train.jsonl`` and ``eval.jsonl`` (held-out, disjoint from train) into ``directory``."""
+    """Write ``train.jsonl`` and ``eval.jsonl`` (held out, disjoint from train) to ``directory``."""
     directory = Path(directory)
     train = make_arithmetic_rows(
         n_train, seed=seed, min_digits=min_digits, max_digits=max_digits, split="train"

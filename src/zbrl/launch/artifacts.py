@@ -54,7 +54,13 @@ def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:
 
     ws = cfg.model.warm_start
     return ensure_warm_start(
-        cache, seed=cfg.seed, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr, verbose=verbose
+        cache,
+        seed=cfg.seed,
+        steps=ws.steps,
+        stop_at_accuracy=ws.stop_at_accuracy,
+        batch_size=ws.batch_size,
+        lr=ws.lr,
+        verbose=verbose,
     )
 
 

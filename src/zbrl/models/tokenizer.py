@@ -7,7 +7,7 @@ EOS token that generation stops at.
 
 The tokenizer is wrapped in :class:`transformers.PreTrainedTokenizerFast` and saved next to a
 *Llama*-type model config. (transformers 5 loads a ``qwen2`` tokenizer through Qwen's own class,
-which re-imposes Qwen's pre-tokenizer; a Llama config keeps the ``tokenizer.json`` exactly as built.)
+which re-imposes Qwen's pre-tokenizer; with a Llama config ``tokenizer.json`` loads as built.)
 """
 
 from __future__ import annotations

@@ -16,26 +16,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from zbrl.data.synthetic import extract_answer, make_arithmetic_rows, reference_completion
+from zbrl.data.synthetic import (
+    SYSTEM_PROMPT,
+    extract_answer,
+    make_arithmetic_rows,
+    make_row,
+    reference_completion,
+)
 from zbrl.models.tiny import build_tiny_model, save_model_dir
 from zbrl.models.tokenizer import build_tokenizer
 
 MARKER = "WARM_START_COMPLETE"
 _CACHE_VERSION = 1
 """Bump when the warm-start code changes in a way that changes its result."""
+PROBE_SIZE = 64
+"""Train-split problems held back from the warm start's rows to decide when to stop."""
+CHECK_EVERY = 25
+"""Steps between probe checks."""
 _FORMAT_RE = re.compile(r"<think>.*?</think><answer>.*?</answer>", re.DOTALL)
 
 
@@ -45,8 +54,10 @@ class WarmStartSettings:
 
     seed: int
     steps: int
+    stop_at_accuracy: float | None
     batch_size: int
     lr: float
+    warmup_steps: int
     n_train: int
     min_digits: int
     max_digits: int
@@ -55,7 +66,8 @@ class WarmStartSettings:
     num_heads: int
 
     def key(self) -> str:
-        blob = json.dumps({"v": _CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        task = {"system_prompt": SYSTEM_PROMPT, "example": reference_completion(make_row(37, 48))}
+        blob = json.dumps({"v": _CACHE_VERSION, "task": task, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -63,9 +75,11 @@ def ensure_warm_start(
     cache_dir: str | Path,
     *,
     seed: int = 0,
-    steps: int = 200,
+    steps: int = 500,
+    stop_at_accuracy: float | None = 0.4,
     batch_size: int = 32,
-    lr: float = 3e-3,
+    lr: float = 2e-3,
+    warmup_steps: int = 20,
     n_train: int = 4000,
     min_digits: int = 1,
     max_digits: int = 2,
@@ -77,14 +91,20 @@ def ensure_warm_start(
 ) -> Path:
     """Return the directory of the warm-started model, training (and caching) it if needed.
 
-    ``eval_size`` held-out problems are scored after training (greedy and sampled at
-    temperature 1.0) and the accuracies are recorded in the marker file; ``0`` skips that.
+    Training stops after ``steps`` or, when ``stop_at_accuracy`` is set, as soon as greedy
+    answer accuracy on a probe of train-split problems *not* in the training rows reaches it
+    (checked every :data:`CHECK_EVERY` steps). The learning rate warms up linearly and then stays
+    constant — no decay to zero, which would leave the model in a minimum so sharp that RL at
+    any useful learning rate destabilises it. ``eval_size`` held-out problems are scored at the
+    end (greedy and sampled at temperature 1.0) and recorded in the marker; ``0`` skips that.
     """
     settings = WarmStartSettings(
         seed=seed,
         steps=steps,
+        stop_at_accuracy=stop_at_accuracy,
         batch_size=batch_size,
         lr=lr,
+        warmup_steps=warmup_steps,
         n_train=n_train,
         min_digits=min_digits,
         max_digits=max_digits,
@@ -130,13 +150,22 @@ def _build(settings: WarmStartSettings, out_dir: Path, *, eval_size: int, verbos
         num_heads=settings.num_heads,
         seed=settings.seed,
     )
-    rows = make_arithmetic_rows(
-        settings.n_train,
-        seed=settings.seed,
-        min_digits=settings.min_digits,
-        max_digits=settings.max_digits,
-        split="train",
+    digits = {"min_digits": settings.min_digits, "max_digits": settings.max_digits}
+    pool = make_arithmetic_rows(
+        settings.n_train + PROBE_SIZE, seed=settings.seed, split="train", **digits
     )
+    rows, probe = pool[: settings.n_train], pool[settings.n_train :]
+    probe_log: dict[str, float] = {}
+
+    def reached_target(step: int) -> bool:
+        if settings.stop_at_accuracy is None or step % CHECK_EVERY:
+            return False
+        acc = evaluate(model, tokenizer, probe, temperature=0.0)["answer_acc"]
+        probe_log[str(step)] = round(acc, 4)
+        if verbose:
+            print(f"[zbrl] warm start: step {step} probe greedy accuracy {acc:.2f}", flush=True)
+        return acc >= settings.stop_at_accuracy
+
     losses = train_sft(
         model,
         tokenizer,
@@ -144,31 +173,29 @@ def _build(settings: WarmStartSettings, out_dir: Path, *, eval_size: int, verbos
         steps=settings.steps,
         batch_size=settings.batch_size,
         lr=settings.lr,
+        warmup_steps=settings.warmup_steps,
         seed=settings.seed,
         verbose=verbose,
+        should_stop=reached_target,
     )
     save_model_dir(model, tokenizer, out_dir)
     summary: dict = {
         "settings": asdict(settings),
+        "steps_trained": len(losses),
         "final_loss": losses[-1] if losses else None,
+        "probe_greedy_accuracy": probe_log,
         "train_seconds": round(time.perf_counter() - started, 1),
     }
     if eval_size:
-        held_out = make_arithmetic_rows(
-            eval_size,
-            seed=settings.seed,
-            min_digits=settings.min_digits,
-            max_digits=settings.max_digits,
-            split="eval",
-        )
+        held_out = make_arithmetic_rows(eval_size, seed=settings.seed, split="eval", **digits)
         summary["heldout_greedy"] = evaluate(model, tokenizer, held_out, temperature=0.0)
         summary["heldout_sampled_t1"] = evaluate(
             model, tokenizer, held_out, temperature=1.0, seed=settings.seed
         )
         if verbose:
             print(
-                f"[zbrl] warm start: held-out answer accuracy greedy "
-                f"{summary['heldout_greedy']['answer_acc']:.2f}, sampled(T=1) "
+                f"[zbrl] warm start: {len(losses)} steps; held-out answer accuracy greedy "
+                f"{summary['heldout_greedy']['answer_acc']:.2f}, sampled (T=1) "
                 f"{summary['heldout_sampled_t1']['answer_acc']:.2f}",
                 flush=True,
             )
@@ -214,29 +241,28 @@ def train_sft(
     steps: int,
     batch_size: int,
     lr: float,
+    warmup_steps: int = 20,
     seed: int = 0,
     verbose: bool = True,
+    should_stop: Callable[[int], bool] | None = None,
 ) -> list[float]:
     """Supervised steps on ``reference_completion`` targets (assistant tokens only).
 
-    AdamW with a short linear warm-up and cosine decay. Returns the per-step losses.
+    AdamW, linear warm-up over ``warmup_steps`` then a constant learning rate.
+    ``should_stop(step)`` is called after each step (1-based) and ends training when it returns
+    True. Returns the per-step losses.
     """
     examples = [_prompt_and_full_ids(tokenizer, row) for row in rows]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, steps // 10)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    model.train()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
+    )
     losses: list[float] = []
     started = time.perf_counter()
     report_every = max(1, steps // 10)
     for step in range(steps):
+        model.train()
         picks = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
         batch = _sft_batch([examples[i] for i in picks], tokenizer.pad_token_id)
         loss = model(**batch).loss
@@ -252,6 +278,8 @@ def train_sft(
                 f"({time.perf_counter() - started:.0f}s)",
                 flush=True,
             )
+        if should_stop is not None and should_stop(step + 1):
+            break
     model.eval()
     return losses
 
@@ -276,7 +304,13 @@ def generate_responses(
             tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
             for r in chunk
         ]
-        enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+        enc = tokenizer(
+            prompts,
+            add_special_tokens=False,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+        )
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         out = model.generate(
             **enc,
