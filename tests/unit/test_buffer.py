@@ -177,3 +177,24 @@ def test_stale_group_is_dropped_at_take():
     buf.producer_finished(0)
     assert buf.take(1, timeout=0) == ("end", None)
     assert buf.stats.groups_dropped_stale == 1
+
+
+def test_rollout_group_pickles_to_flat_tensors_and_back():
+    import pickle
+
+    group = make_group(3, 1, ans_acc=(0.0, 1.0, 1.0))
+    group.response_ids = [
+        torch.tensor([5]),
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([7, 8, 9]),
+    ]
+    group.behaviour_logprobs = [
+        torch.tensor([-0.5]),
+        torch.tensor([]),
+        torch.tensor([-1.0, -2.0, -3.0]),
+    ]
+    back = pickle.loads(pickle.dumps(group))
+    assert [t.tolist() for t in back.response_ids] == [[5], [], [7, 8, 9]]
+    assert [t.tolist() for t in back.behaviour_logprobs] == [[-0.5], [], [-1.0, -2.0, -3.0]]
+    assert back.response_ids[2].dtype == torch.long and back.ans_acc == group.ans_acc
+    assert back.response_lengths == [1, 0, 3]

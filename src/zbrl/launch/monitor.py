@@ -99,7 +99,7 @@ class RunMonitor:
 
     def _show(self) -> None:
         if self._bar is not None:
-            self._bar.set_postfix(self._postfix, refresh=True)
+            self._bar.set_postfix(self._postfix, refresh=False)
 
 
 def _build_sinks(cfg: RunConfig, run_dir: Path) -> MetricsSink:
@@ -120,7 +120,9 @@ def _progress_bar(cfg: RunConfig, total: int):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=f"zbrl {cfg.name}", unit="step", dynamic_ncols=True)
+    return tqdm(
+        total=total, desc=f"zbrl {cfg.name}", unit="step", dynamic_ncols=True, mininterval=1.0
+    )
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:
