@@ -257,3 +257,16 @@ def test_receiver_close_releases_waiters():
     receiver.close()
     thread.join(timeout=WAIT)
     assert not thread.is_alive() and result == {"ok": False}
+
+
+def test_store_long_poll_returns_when_a_newer_version_arrives():
+    store = WeightStore()
+    store.put(WeightsMessage(1, 0.0, "p1"))
+    assert store.wait_for_newer(0, timeout=0) == 1  # already newer: no wait
+    assert store.wait_for_newer(1, timeout=0.01) == 1  # nothing newer: times out
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("v", store.wait_for_newer(1, 30)))
+    waiter.start()
+    store.put(WeightsMessage(2, 0.0, "p2"))
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and got["v"] == 2

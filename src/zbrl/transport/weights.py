@@ -29,7 +29,7 @@ class WeightStore:
     """Holds the announcement of the newest published version (a plain class; an actor in runs)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._latest: WeightsMessage | None = None
 
     def put(self, message: WeightsMessage) -> bool:
@@ -37,11 +37,25 @@ class WeightStore:
             if self._latest is not None and message.version <= self._latest.version:
                 return False
             self._latest = message
+            self._lock.notify_all()
             return True
+
+    def wait_for_newer(self, have: int, timeout: float) -> int:
+        """Block until a version newer than ``have`` exists (or ``timeout``); the latest version.
+
+        Receivers long-poll with this instead of sleeping between polls, so a new version is
+        fetched as soon as it is announced.
+        """
+        with self._lock:
+            self._lock.wait_for(lambda: self._version() > have, timeout=timeout)
+            return self._version()
+
+    def _version(self) -> int:
+        return -1 if self._latest is None else self._latest.version
 
     def latest_version(self) -> int:
         with self._lock:
-            return -1 if self._latest is None else self._latest.version
+            return self._version()
 
     def latest(self) -> WeightsMessage | None:
         with self._lock:
@@ -139,7 +153,7 @@ class WeightReceiver:
         self,
         store: Handle,
         recorder: SpanRecorder | None = None,
-        poll_interval_s: float = 0.05,
+        poll_interval_s: float = 0.5,
         *,
         initial_version: int = -1,
     ) -> None:
@@ -218,13 +232,11 @@ class WeightReceiver:
                     self._error = exc
                     self._cond.notify_all()
                 return
-            with self._cond:
-                if not self._closed:
-                    self._cond.wait(self._poll_interval_s)
 
     def _fetch_newer(self) -> None:
+        """Long-poll the store (at most ``poll_interval_s`` per call) and fetch a newer version."""
         have = -1 if self._fetched is None else self._fetched.version
-        if self._store.call("latest_version") <= have:
+        if self._store.call("wait_for_newer", have, self._poll_interval_s) <= have:
             return
         message: WeightsMessage | None = self._store.call("latest")
         if message is None or message.version <= have:
