@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "demo.yaml"))
     parser.add_argument("overrides", nargs="*", help="dotted overrides for both runs")
     parser.add_argument("--steps", type=int, default=24, help="training steps per run")
-    parser.add_argument("--staleness", type=int, default=1, help="max_staleness of the async run")
+    parser.add_argument("--staleness", type=int, default=2, help="max_staleness of the async run")
     parser.add_argument("--repeats", type=int, default=1, help="pairs of runs; medians reported")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
