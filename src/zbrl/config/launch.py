@@ -39,5 +39,3 @@ class LaunchConfig(Section):
     """torch intra-op threads in each worker."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     """Training parallelism."""
-    actor_failure_timeout_s: float = Field(default=30.0, gt=0)
-    """Seconds to wait for workers to stop after a failure before killing them."""

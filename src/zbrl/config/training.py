@@ -25,5 +25,3 @@ class TrainingConfig(Section):
     """Rows of logits turned into log-probs at once (bounds the float32 working set)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the consumer's model; ``auto`` picks CUDA when available."""
-    seed: int = 0
-    """Seed of model-side randomness."""
