@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from zbrl.telemetry.timeline import TimelineWriter
 from zbrl.transport.handles import Handle
 
 ROLLOUTS_FILE = "rollouts.jsonl"
+IDLE_REFRESH_S = 5.0
 
 
 class RunMonitor:
@@ -34,6 +36,7 @@ class RunMonitor:
         self.window_start: float | None = None
         self._bar = _progress_bar(cfg, total_steps)
         self._postfix: dict[str, str] = {}
+        self._idle_refreshed_at = 0.0
 
     def poll(self) -> None:
         """Drain the hub: append spans, log metrics, write rollouts, refresh the bar."""
@@ -91,6 +94,11 @@ class RunMonitor:
                 self._postfix[label] = f"{metrics[key]:.2f}"
 
     def _refresh_idle(self) -> None:
+        # the whole span history is scanned: do it every few seconds, not on every poll
+        now = time.monotonic()
+        if now - self._idle_refreshed_at < IDLE_REFRESH_S:
+            return
+        self._idle_refreshed_at = now
         if self.spans:
             end = max(s.end for s in self.spans[-50:])
             for role, frac in self.idle_fractions(end).items():
