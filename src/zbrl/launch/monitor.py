@@ -54,6 +54,7 @@ class RunMonitor:
                     for rec in data:
                         f.write(json.dumps(rec) + "\n")
         self._refresh_idle()
+        self._show()
 
     def record_eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
         self.eval_results[step] = results
@@ -103,7 +104,6 @@ class RunMonitor:
             end = max(s.end for s in self.spans[-50:])
             for role, frac in self.idle_fractions(end).items():
                 self._postfix[f"idle_{role[0]}"] = f"{frac:.0%}"
-        self._show()
 
     def _show(self) -> None:
         if self._bar is not None:
