@@ -32,4 +32,5 @@ __all__ = [
     "resolve_system_prompt",
 ]
 
-# Synthetic tasks (zbrl.data.synthetic) are exported below by their own module's owner.
+# The embedded arithmetic task lives in zbrl.data.synthetic (imported on demand: it is only
+# needed when data.train_path or an eval set is "embedded").
