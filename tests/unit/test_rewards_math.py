@@ -20,15 +20,14 @@ from zbrl.rewards import (
     answers_equivalent,
     build_reward,
 )
-from zbrl.rewards.answer_check import (
+from zbrl.rewards.answer_check import normalize_answer, unsafe_reason
+from zbrl.rewards.boxed import last_boxed
+from zbrl.rewards.deadline import (
     DeadlineExceeded,
     DeadlinePool,
     WorkerStartError,
-    normalize_answer,
     run_with_deadline,
-    unsafe_reason,
 )
-from zbrl.rewards.boxed import last_boxed
 
 
 def T(answer: str, think: str = "Let me compute step by step.") -> str:

@@ -4,12 +4,7 @@ registry, length shaping and weighted combinations. See ``docs/rewards.md``.
 Importing this package imports neither ray nor torch (nor math_verify, loaded on first use).
 """
 
-from zbrl.rewards.answer_check import (
-    DeadlineExceeded,
-    MathAnswerReward,
-    answers_equivalent,
-    run_with_deadline,
-)
+from zbrl.rewards.answer_check import answers_equivalent
 from zbrl.rewards.base import (
     BaseReward,
     Example,
@@ -19,7 +14,9 @@ from zbrl.rewards.base import (
 )
 from zbrl.rewards.boxed import BoxedReward
 from zbrl.rewards.combine import CombinedReward
+from zbrl.rewards.deadline import DeadlineExceeded, run_with_deadline
 from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.math_reward import MathAnswerReward
 from zbrl.rewards.registry import (
     REWARDS,
     FunctionReward,

@@ -4,7 +4,7 @@ Braces are matched with nesting (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}`
 ``\\{``/``\\}`` do not count). "Last" means the last top-level box: a box inside another box is
 part of the outer one, and when the last box never closes (a truncated response) there is no
 answer. The format is valid iff a boxed answer exists and each of the optional ``tags`` occurs
-exactly once. Scoring is :class:`~zbrl.rewards.answer_check.MathAnswerReward`'s.
+exactly once. Scoring is :class:`~zbrl.rewards.math_reward.MathAnswerReward`'s.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, MathAnswerReward, match_brace
+from zbrl.rewards.answer_check import match_brace
+from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S
 from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.math_reward import MathAnswerReward
 from zbrl.rewards.registry import register_reward
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")

@@ -5,7 +5,7 @@ The answer is the text between the last ``</answer>`` and the ``<answer>`` befor
 The format is valid iff each of the four tags occurs exactly once, in the order think-open <
 think-close < answer-open < answer-close, and the stripped response ends with ``</answer>``.
 Scoring (format gating, eval mode, length shaping) is that of
-:class:`~zbrl.rewards.answer_check.MathAnswerReward`.
+:class:`~zbrl.rewards.math_reward.MathAnswerReward`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, MathAnswerReward
+from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S
 from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.math_reward import MathAnswerReward
 from zbrl.rewards.registry import register_reward
 
 DEFAULT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")

@@ -1,0 +1,124 @@
+"""The shared scoring rule of the math rewards (``think_answer_tags``, ``boxed``): they differ
+only in how they extract the answer."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent, check_gold
+from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
+from zbrl.rewards.length import LengthShaping
+
+# --------------------------------------------------------------------------------------------
+# The shared scoring rule of the math rewards
+
+
+class MathAnswerReward(BaseReward):
+    """Score = answer credit + format bonus + length penalty.
+
+    * answer credit: ``correct_reward`` when the extracted answer is equivalent to the gold one
+      and (the format is valid, or ``ctx.eval_mode``), else ``wrong_reward``; in training a
+      badly formatted response is not checked at all;
+    * ``format_reward`` is added when the format is valid (default 0: format only gates);
+    * ``length_shaping.penalty(...)`` is added to every response in training (not in eval),
+      whether or not an answer was extracted.
+
+    ``format_acc`` is 1.0 for valid format; ``ans_acc`` is 1.0 exactly when the answer got
+    credit (correct, and format valid or eval mode). ``metadata`` holds ``format_valid``,
+    ``answer_correct`` (None when not checked), ``match_method``, ``length_penalty`` and
+    ``reason`` (``"correct"``, ``"wrong_answer"``, ``"no_answer"`` or ``"bad_format: ..."``).
+    Subclasses implement :meth:`extract`.
+    """
+
+    name = "math"
+
+    def __init__(
+        self,
+        *,
+        correct_reward: float = 1.0,
+        wrong_reward: float = 0.0,
+        format_reward: float = 0.0,
+        length_shaping: LengthShaping | Mapping[str, Any] | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        answer_field: str = "gt_answer",
+    ) -> None:
+        for option, value in (
+            ("correct_reward", correct_reward),
+            ("wrong_reward", wrong_reward),
+            ("format_reward", format_reward),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{self.name}: {option} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{self.name}: {option} must be finite, got {value}")
+        if correct_reward < wrong_reward:
+            raise ValueError(
+                f"{self.name}: correct_reward ({correct_reward}) is below wrong_reward "
+                f"({wrong_reward}); a correct answer must not score less than a wrong one"
+            )
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"{self.name}: timeout_s must be > 0 or None, got {timeout_s}")
+        if isinstance(length_shaping, Mapping):
+            length_shaping = LengthShaping(**length_shaping)
+        if length_shaping is not None and not isinstance(length_shaping, LengthShaping):
+            raise TypeError(
+                f"{self.name}: length_shaping must be a LengthShaping, a dict of its fields or "
+                f"None, got {type(length_shaping).__name__}"
+            )
+        self.correct_reward = float(correct_reward)
+        self.wrong_reward = float(wrong_reward)
+        self.format_reward = float(format_reward)
+        self.length_shaping = length_shaping
+        self.timeout_s = timeout_s
+        self.answer_field = answer_field
+
+    def extract(self, response: str) -> tuple[str | None, bool, str | None]:
+        """``(answer or None, format_valid, why the format is invalid or None)``."""
+        raise NotImplementedError
+
+    def gold(self, example: Example) -> str:
+        if self.answer_field not in example:
+            raise ValueError(
+                f"{self.name} reward: the example has no {self.answer_field!r} field (fields: "
+                f"{', '.join(sorted(map(str, example))) or 'none'}); add the gold answer to the "
+                f"dataset row"
+            )
+        return check_gold(example[self.answer_field], field=self.answer_field)
+
+    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
+        gold = self.gold(example)
+        answer, format_valid, format_problem = self.extract(response)
+        checked = answer is not None and (format_valid or ctx.eval_mode)
+        correct, method = False, "none"
+        if checked:
+            correct, method = answers_equivalent(answer, gold, timeout_s=self.timeout_s)
+        reward = self.correct_reward if correct else self.wrong_reward
+        if format_valid:
+            reward += self.format_reward
+        penalty = 0.0
+        if self.length_shaping is not None and not ctx.eval_mode:
+            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
+            reward += penalty
+        if correct:
+            reason = "correct"
+        elif answer is None:
+            reason = "no_answer"
+        elif not format_valid:
+            reason = f"bad_format: {format_problem}"
+        else:
+            reason = "wrong_answer"
+        return RewardResult(
+            reward=reward,
+            format_acc=1.0 if format_valid else 0.0,
+            ans_acc=1.0 if correct else 0.0,
+            parsed=answer,
+            metadata={
+                "format_valid": format_valid,
+                "answer_correct": correct if checked else None,
+                "match_method": method,
+                "length_penalty": penalty,
+                "reason": reason,
+            },
+        )
