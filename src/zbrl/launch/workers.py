@@ -92,6 +92,16 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def _run_role(run: Any, close: Any, recorder: SpanRecorder, hub: Handle) -> Any:
+    """Run a role's loop with its spans streamed to the hub; always close and flush."""
+    flusher = SpanFlusher(recorder, hub)
+    try:
+        return run()
+    finally:
+        close()
+        flusher.stop()
+
+
 def _setup_process(cfg: RunConfig, seed_offset: int) -> None:
     quiet_transformers()
     torch.set_num_threads(cfg.launch.torch_threads)
@@ -131,12 +141,7 @@ class ProducerWorker:
         )
 
     def run(self):
-        flusher = SpanFlusher(self.recorder, self.hub)
-        try:
-            return self.producer.run()
-        finally:
-            self.receiver.close()
-            flusher.stop()
+        return _run_role(self.producer.run, self.receiver.close, self.recorder, self.hub)
 
 
 class ConsumerWorker:
@@ -185,12 +190,7 @@ class ConsumerWorker:
         )
 
     def run(self):
-        flusher = SpanFlusher(self.recorder, self.hub)
-        try:
-            return self.consumer.run()
-        finally:
-            self.publisher.close()
-            flusher.stop()
+        return _run_role(self.consumer.run, self.publisher.close, self.recorder, self.hub)
 
 
 def _build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, device, total_steps: int):
