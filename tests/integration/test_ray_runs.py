@@ -79,9 +79,12 @@ def test_short_run_trains_saves_and_reports(tmp_path, cache):
     assert len(rollouts[0]["responses"]) == 4 and isinstance(rollouts[0]["responses"][0], str)
 
 
-def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache):
+@pytest.mark.parametrize("producers", [1, 2])
+def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache, producers):
     overrides = [
         *small_overrides(tmp_path, cache),
+        f"launch.num_producers={producers}",
+        "launch.producer_num_cpus=0.5",
         "data.max_prompts=5",
         "eval.sets={}",
         "logging.save_final=false",
