@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -18,12 +19,6 @@ def save_checkpoint(
     if tokenizer is not None:
         tokenizer.save_pretrained(partial)
     if final.exists():
-        _remove_tree(final)
+        shutil.rmtree(final)
     partial.rename(final)
     return final
-
-
-def _remove_tree(path: Path) -> None:
-    for child in sorted(path.rglob("*"), reverse=True):
-        child.rmdir() if child.is_dir() else child.unlink()
-    path.rmdir()
