@@ -271,7 +271,10 @@ def test_process_creation_is_contained(source: str) -> None:
     ids=["bytearray-50GiB", "growing-list", "doubling"],
 )
 def test_huge_allocation_is_a_memory_failure(source: str) -> None:
-    result = run_program(source, [TestCase("", "1")], limits=LIMITS)
+    # a generous wall clock: on a loaded machine the doubling list must hit the memory limit,
+    # not the 1 s timeout, for the status to be the one under test
+    limits = SandboxLimits(timeout_s=10.0, memory_mb=LIMITS.memory_mb)
+    result = run_program(source, [TestCase("", "1")], limits=limits)
     assert result.statuses == ["memory"]
     assert_contained(result)
 
