@@ -285,3 +285,11 @@ def test_combined_validation():
         CombinedReward([(CountingReward(1.0), float("inf"))])
     with pytest.raises(ValueError, match="one example and one context per response"):
         CombinedReward([(CountingReward(1.0), 1.0)]).score_batch(["a"], [], [CTX])
+
+
+@pytest.mark.parametrize("name", ["think_answer_tags", "boxed", "code"])
+def test_length_shaping_option_accepts_a_dict_and_rejects_other_types(name):
+    shaped = build_reward(name, length_shaping={"max_new_tokens": 100, "cache_length": 20})
+    assert shaped.length_shaping.cache_length == 20
+    with pytest.raises(TypeError, match=f"{name}: length_shaping must be a LengthShaping"):
+        build_reward(name, length_shaping=3)

@@ -30,7 +30,7 @@ from zbrl.rewards.base import (
     RewardResult,
     check_batch_lengths,
 )
-from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.length import LengthShaping, as_length_shaping
 from zbrl.rewards.registry import register_reward
 from zbrl.rewards.sandbox import (
     ProgramResult,
@@ -201,18 +201,11 @@ class CodeReward(BaseReward):
                 f"code: limits must be a SandboxLimits, a dict of its fields or None, got "
                 f"{type(limits).__name__}"
             )
-        if isinstance(length_shaping, Mapping):
-            length_shaping = LengthShaping(**length_shaping)
-        if length_shaping is not None and not isinstance(length_shaping, LengthShaping):
-            raise TypeError(
-                f"code: length_shaping must be a LengthShaping, a dict of its fields or None, "
-                f"got {type(length_shaping).__name__}"
-            )
         self.correct_reward = float(correct_reward)
         self.partial_credit = bool(partial_credit)
         self.limits = limits or SandboxLimits()
         self.max_workers = max_workers
-        self.length_shaping = length_shaping
+        self.length_shaping = as_length_shaping(length_shaping, "code")
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
         return self.score_batch([response], [example], [ctx])[0]

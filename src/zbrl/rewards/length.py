@@ -16,7 +16,9 @@ which rewarded running out of budget; zbrl refuses that configuration.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -89,3 +91,17 @@ class LengthShaping:
         if excess <= 0:
             return 0.0
         return 0.0 - self.max_penalty * excess / self.cache_length
+
+
+def as_length_shaping(
+    value: LengthShaping | Mapping[str, Any] | None, owner: str
+) -> LengthShaping | None:
+    """A reward's ``length_shaping`` option: a LengthShaping, a dict of its fields, or None."""
+    if isinstance(value, Mapping):
+        return LengthShaping(**value)
+    if value is not None and not isinstance(value, LengthShaping):
+        raise TypeError(
+            f"{owner}: length_shaping must be a LengthShaping, a dict of its fields or None, "
+            f"got {type(value).__name__}"
+        )
+    return value

@@ -9,7 +9,7 @@ from typing import Any
 
 from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent, check_gold
 from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
-from zbrl.rewards.length import LengthShaping
+from zbrl.rewards.length import LengthShaping, as_length_shaping
 
 # --------------------------------------------------------------------------------------------
 # The shared scoring rule of the math rewards
@@ -60,17 +60,10 @@ class MathAnswerReward(BaseReward):
             )
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"{self.name}: timeout_s must be > 0 or None, got {timeout_s}")
-        if isinstance(length_shaping, Mapping):
-            length_shaping = LengthShaping(**length_shaping)
-        if length_shaping is not None and not isinstance(length_shaping, LengthShaping):
-            raise TypeError(
-                f"{self.name}: length_shaping must be a LengthShaping, a dict of its fields or "
-                f"None, got {type(length_shaping).__name__}"
-            )
         self.correct_reward = float(correct_reward)
         self.wrong_reward = float(wrong_reward)
         self.format_reward = float(format_reward)
-        self.length_shaping = length_shaping
+        self.length_shaping = as_length_shaping(length_shaping, self.name)
         self.timeout_s = timeout_s
         self.answer_field = answer_field
 
