@@ -64,11 +64,23 @@ def test_presets_expand_into_fields(name):
 def test_dapo_preset_values_and_explicit_override_wins():
     cfg = load_config(None, ["algorithm.preset=dapo", "algorithm.clip_eps_high=0.3"])
     assert cfg.algorithm.clip_eps_high == 0.3  # explicit beats preset
-    assert cfg.algorithm.filter_range == (0.01, 0.99)
+    assert cfg.algorithm.filter_range == (0.0, 1.0)
     assert cfg.algorithm.loss_aggregation == "token-mean"
     assert cfg.reward.soft_overlong_punishment is True
     text = resolved_yaml(cfg)
     assert "preset: dapo" in text and "clip_eps_high: 0.3" in text
+
+
+@pytest.mark.parametrize("group_size", [8, 100, 128, 256])
+def test_dapo_filter_keeps_exactly_the_mixed_groups_for_any_group_size(group_size):
+    """DAPO keeps a group unless all or none are correct, whatever G (issue 14: (0.01, 0.99)
+    dropped a group with 1 correct of 128)."""
+    from zbrl.algorithms import group_in_accuracy_range
+
+    filter_range = load_config(None, ["algorithm.preset=dapo"]).algorithm.filter_range
+    for correct in range(group_size + 1):
+        ans_acc = [1.0] * correct + [0.0] * (group_size - correct)
+        assert group_in_accuracy_range(ans_acc, filter_range) == (0 < correct < group_size)
 
 
 def test_overrides_parse_yaml_values():

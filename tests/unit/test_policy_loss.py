@@ -225,7 +225,7 @@ def test_extreme_ratios_clip_fractions_and_values() -> None:
     assert m["ratio_max"] == pytest.approx(10.0, rel=1e-5)  # the masked ratio 100 is ignored
     assert m["ratio_mean"] == pytest.approx((3.0 + 0.1 + 10.0 + 1.0 + 0.5) / 5, rel=1e-5)
     assert m["pg_loss"] == pytest.approx(out.loss.item(), rel=1e-5)
-    approx_kl = sum(1 / r - math.log(1 / r) - 1 for r in (3.0, 0.1, 10.0, 1.0, 0.5)) / 5
+    approx_kl = sum(r - math.log(r) - 1 for r in (3.0, 0.1, 10.0, 1.0, 0.5)) / 5  # k3, ρ = π/π_old
     assert m["approx_kl"] == pytest.approx(approx_kl, rel=1e-5)
     assert "kl" not in m and "entropy" not in m
     assert all(isinstance(v, float) for v in m.values())
@@ -338,3 +338,69 @@ def test_registry_lookup() -> None:
     assert POLICY_LOSSES.get("zbrl.algorithms.policy_loss:ppo_clip") is POLICY_LOSSES.get(
         "ppo_clip"
     )
+
+
+# ------------------------------------------------ issue 14: KL masking and the approx_kl metric
+
+
+def test_kl_penalty_issue_example_has_finite_gradient() -> None:
+    """The reported case: k2, a NaN current log-prob at the masked position."""
+    inputs = LossInputs(
+        logprobs_BT=torch.tensor([[-1.0, float("nan")]], requires_grad=True),
+        old_logprobs_BT=torch.tensor([[-1.2, -1.0]]),
+        advantages_B_or_BT=torch.tensor([1.0]),
+        mask_BT=torch.tensor([[1, 0]]),
+        ref_logprobs_BT=torch.tensor([[-1.1, -1.0]]),
+    )
+    cfg = LossConfig(beta=0.1, kl_estimator="k2")
+    out = compute_policy_loss("ppo_clip", inputs, cfg, normalisers_for(inputs.mask_BT))
+    out.loss.backward()
+    # Valid token: ρ = e^0.2 > 1.2 with A > 0, so the clipped branch is active (no pg gradient);
+    # the k2 term gives d/dlogp [0.1·½(logp - ref)²] = 0.1·(-1 + 1.1) = 0.01 (the issue's value).
+    assert inputs.logprobs_BT.grad[0, 0].item() == pytest.approx(0.01, rel=1e-5)
+    assert inputs.logprobs_BT.grad[0, 1].item() == 0.0
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("garbage", [float("nan"), float("-inf")])
+@pytest.mark.parametrize("where", ["policy", "reference", "both"])
+def test_kl_penalty_ignores_non_finite_padding(kind: str, garbage: float, where: str) -> None:
+    """Padding garbage in the policy or reference log-probs reaches neither value nor gradient:
+    the result equals that of the same batch with finite values at the masked positions."""
+    clean = random_inputs(3)
+    clean.mask_BT[3, 4:] = False  # a ragged row with padding after position 4
+    dirty = random_inputs(3)
+    dirty.mask_BT[3, 4:] = False
+    padding_BT = ~dirty.mask_BT
+    with torch.no_grad():
+        if where in ("policy", "both"):
+            dirty.logprobs_BT[padding_BT] = garbage
+        if where in ("reference", "both"):
+            dirty.ref_logprobs_BT[padding_BT] = garbage
+    cfg = LossConfig(beta=0.1, kl_estimator=kind)
+    norm = normalisers_for(clean.mask_BT)
+    clean_out = compute_policy_loss("ppo_clip", clean, cfg, norm)
+    dirty_out = compute_policy_loss("ppo_clip", dirty, cfg, norm)
+    clean_out.loss.backward()
+    dirty_out.loss.backward()
+    assert torch.isfinite(dirty_out.loss)
+    assert dirty_out.loss.item() == pytest.approx(clean_out.loss.item(), rel=1e-6)
+    assert torch.isfinite(dirty.logprobs_BT.grad).all()
+    torch.testing.assert_close(dirty.logprobs_BT.grad, clean.logprobs_BT.grad)
+    assert torch.equal(dirty.logprobs_BT.grad[padding_BT], torch.zeros(int(padding_BT.sum())))
+    for name, value in dirty_out.metrics.items():
+        assert value == pytest.approx(clean_out.metrics[name], rel=1e-6, abs=1e-9), name
+
+
+def test_approx_kl_is_k3_of_behaviour_against_current() -> None:
+    """log π = -1, log π_old = -1.5: ρ = e^0.5, k3 = (ρ - 1) - log ρ = 0.1487 (not 0.1065)."""
+    inputs = LossInputs(
+        logprobs_BT=torch.tensor([[-1.0, 0.0]]),
+        old_logprobs_BT=torch.tensor([[-1.5, 0.0]]),
+        advantages_B_or_BT=torch.tensor([1.0]),
+        mask_BT=torch.tensor([[1, 0]]),
+    )
+    out = compute_policy_loss("ppo_clip", inputs, LossConfig(), normalisers_for(inputs.mask_BT))
+    expected = (math.exp(0.5) - 1.0) - 0.5
+    assert out.metrics["approx_kl"] == pytest.approx(expected, rel=1e-6)
+    assert out.metrics["approx_kl"] == pytest.approx(0.1487, abs=1e-4)

@@ -139,8 +139,9 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
     combine micro-batches; all 0.0 when there is no valid token):
     ``clip_frac_low`` (ρ < 1-ε_low and A < 0: the lower clip is active),
     ``clip_frac_high`` (ρ > 1+ε_high and A > 0), ``dual_clip_frac`` (A < 0 and the dual clip
-    bounds the loss), ``ratio_mean``, ``ratio_max``, ``approx_kl`` (k3 of behaviour vs current
-    policy), ``pg_loss`` (mean clipped surrogate), ``kl`` (vs reference, when ``beta > 0``),
+    bounds the loss), ``ratio_mean``, ``ratio_max``, ``approx_kl`` (k3 estimate of
+    KL(behaviour ‖ current) = ``(ρ - 1) - log ρ``, from tokens sampled by the behaviour policy),
+    ``pg_loss`` (mean clipped surrogate), ``kl`` (vs reference, when ``beta > 0``),
     ``entropy`` (when ``entropy_BT`` is given), ``num_tokens``.
     """
     _check_shapes(inputs)
@@ -174,7 +175,12 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
                 "LossConfig.beta > 0 needs LossInputs.ref_logprobs_BT (reference-model "
                 "log-probs); compute them with the reference model or set beta = 0"
             )
-        kl_BT = kl_estimate(logprobs_BT, inputs.ref_logprobs_BT.detach(), cfg.kl_estimator)
+        # Both inputs are masked with ``where`` (as the ratio is): padding garbage in either
+        # (NaN, -inf) would otherwise reach the gradient through the estimator's derivative.
+        ref_logprobs_BT = torch.where(valid_BT, inputs.ref_logprobs_BT.detach().float(), 0.0)
+        kl_BT = kl_estimate(
+            torch.where(valid_BT, logprobs_BT, 0.0), ref_logprobs_BT, cfg.kl_estimator
+        )
         loss_BT = loss_BT + cfg.beta * kl_BT
     if cfg.entropy_coef > 0:
         if inputs.entropy_BT is None:
@@ -182,7 +188,7 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
                 "LossConfig.entropy_coef > 0 needs LossInputs.entropy_BT; compute it with "
                 "logprobs_and_entropy(..., with_entropy=True) or set entropy_coef = 0"
             )
-        loss_BT = loss_BT - cfg.entropy_coef * inputs.entropy_BT.float()
+        loss_BT = loss_BT - cfg.entropy_coef * torch.where(valid_BT, inputs.entropy_BT.float(), 0.0)
 
     loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
     metrics = _ppo_metrics(
@@ -206,7 +212,13 @@ def _ppo_metrics(
     count = num_tokens.clamp_min(1).float()
     clip_low_BT = (ratio_BT < 1.0 - cfg.clip_eps_low) & (advantages_BT < 0)
     clip_high_BT = (ratio_BT > 1.0 + cfg.clip_eps_high) & (advantages_BT > 0)
-    approx_kl_BT = kl_estimate(inputs.logprobs_BT.detach(), inputs.old_logprobs_BT, "k3")
+    # k3 of KL(behaviour ‖ current): the tokens were sampled from the behaviour policy, so the
+    # estimator's "sampling" argument is old_logprobs and its "other" argument the current one.
+    approx_kl_BT = kl_estimate(
+        torch.where(valid_BT, inputs.old_logprobs_BT.float(), 0.0),
+        torch.where(valid_BT, inputs.logprobs_BT.detach().float(), 0.0),
+        "k3",
+    )
     values = {
         "clip_frac_low": _masked_mean(clip_low_BT, valid_BT, count),
         "clip_frac_high": _masked_mean(clip_high_BT, valid_BT, count),

@@ -59,7 +59,8 @@ class AlgorithmConfig(Section):
     loss_aggregation: AggregationMode = "token-mean"
     """How per-token losses become one number (normalised over the whole optimizer step)."""
     filter_range: tuple[float, float] | None = None
-    """Keep only groups whose mean answer accuracy lies strictly inside (low, high)."""
+    """Keep only groups whose mean answer accuracy lies strictly inside (low, high); [0, 1] keeps
+    exactly the groups with 0 < correct < G (DAPO's dynamic sampling) for every group size."""
     filter_truncated_response: bool = False
     """Exclude truncated responses from the loss."""
     dynamic_batching: bool = True
@@ -83,6 +84,6 @@ class AlgorithmConfig(Section):
             if not 0.0 <= low < high <= 1.0:
                 raise ValueError(
                     f"filter_range must satisfy 0 <= low < high <= 1, got {list(value)}; "
-                    "for example [0.01, 0.99] keeps groups that are neither all right nor all wrong"
+                    "for example [0, 1] keeps groups that are neither all right nor all wrong"
                 )
         return value

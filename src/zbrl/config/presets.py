@@ -28,7 +28,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "beta": 0.0,
             "clip_eps_low": 0.2,
             "clip_eps_high": 0.28,
-            "filter_range": [0.01, 0.99],
+            "filter_range": [0.0, 1.0],  # strict: keep 0 < correct < G, for any G
             "filter_truncated_response": True,
             "dynamic_batching": True,
         },
