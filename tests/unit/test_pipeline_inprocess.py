@@ -5,8 +5,8 @@ import threading
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from zbrl.assembly import datasets, rewards, settings
 from zbrl.config import load_config
-from zbrl.launch import components
 from zbrl.rollout.backends.transformers_backend import TransformersBackend
 from zbrl.rollout.producer import Producer
 from zbrl.telemetry.spans import SpanRecorder
@@ -31,17 +31,17 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     torch.manual_seed(0)
     cfg = load_config(None, [*OVERRIDES, "transport.max_staleness=1", "training.max_steps=3"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompts, _ = components.encode_prompts(task_files[0], cfg, tokenizer)
-    buffer = RolloutBuffer(components.buffer_settings(cfg))
+    prompts, _ = datasets.encode_prompts(task_files[0], cfg, tokenizer)
+    buffer = RolloutBuffer(settings.buffer_settings(cfg))
     store = WeightStore()
     prec, crec = SpanRecorder("producer-0", "producer"), SpanRecorder("consumer-0", "consumer")
     receiver = WeightReceiver(LocalHandle(store), prec, initial_version=0)
     backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
     producer = Producer(
-        components.producer_settings(cfg, 0),
+        settings.producer_settings(cfg, 0),
         prompts,
         backend,
-        components.build_reward_fn(cfg),
+        rewards.build_reward_fn(cfg),
         LocalHandle(buffer),
         receiver,
         prec,
@@ -51,7 +51,7 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     trainer = Trainer(
-        policy, optimizer, scheduler, components.step_settings(cfg, tokenizer.pad_token_id)
+        policy, optimizer, scheduler, settings.step_settings(cfg, tokenizer.pad_token_id)
     )
     publisher = WeightPublisher(LocalHandle(store), crec)
     steps = []

@@ -20,9 +20,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
+    from zbrl.assembly.datasets import encode_prompts
+    from zbrl.assembly.models import build_backend, quiet_transformers
+    from zbrl.assembly.rewards import build_reward_fn
+    from zbrl.assembly.settings import eval_sampling_params
     from zbrl.evaluation.evaluator import EvalSet, evaluate_set
-    from zbrl.launch import components
-    from zbrl.launch.workers import build_backend, quiet_transformers
 
     quiet_transformers()
     model_dir = Path(args.model)
@@ -39,14 +41,14 @@ def run_eval_command(args: argparse.Namespace) -> int:
         ],
     )
     backend = build_backend(cfg, model_dir, model_dir)
-    reward = components.build_reward_fn(cfg)
-    params = components.eval_sampling_params(cfg)
+    reward = build_reward_fn(cfg)
+    params = eval_sampling_params(cfg)
     out_dir = Path(args.out) if args.out else None
     rows = []
     torch.manual_seed(0)
     for spec in args.data:
         name, path = _named(spec)
-        prompts, _ = components.encode_prompts(path, cfg, backend.tokenizer, limit=args.max_prompts)
+        prompts, _ = encode_prompts(path, cfg, backend.tokenizer, limit=args.max_prompts)
         start = time.time()
         with tqdm(total=len(prompts), desc=f"eval {name}", unit="prompt") as bar:
             metrics, records = evaluate_set(

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zbrl.assembly.artifacts import Artifacts, prepare_artifacts
+from zbrl.assembly.datasets import encode_prompts
+from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
-from zbrl.launch import components
-from zbrl.launch.artifacts import Artifacts, prepare_artifacts
 from zbrl.launch.monitor import RunMonitor
 from zbrl.launch.ray_setup import init_ray
 from zbrl.telemetry.idle import percentile
@@ -46,7 +47,7 @@ class Workers:
 
 def run_training(cfg: RunConfig) -> dict[str, Any]:
     """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json)."""
-    from zbrl.launch.workers import quiet_transformers
+    from zbrl.assembly.models import quiet_transformers
 
     quiet_transformers()
     run_dir = prepare_run_dir(cfg)
@@ -81,19 +82,17 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
 def encode_datasets(
     cfg: RunConfig, artifacts: Artifacts
 ) -> tuple[list[EncodedPrompt], dict[str, list[EncodedPrompt]]]:
-    from zbrl.launch.workers import load_tokenizer
+    from zbrl.assembly.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg, artifacts.tokenizer_dir)
-    train, stats = components.encode_prompts(
-        artifacts.train_path, cfg, tokenizer, limit=cfg.data.max_prompts
-    )
+    train, stats = encode_prompts(artifacts.train_path, cfg, tokenizer, limit=cfg.data.max_prompts)
     print(
         f"[zbrl] train prompts: {len(train)} (dropped {stats['dropped']}, truncated "
         f"{stats['truncated']}, skipped lines {stats['skipped_lines']})",
         flush=True,
     )
     evals = {
-        name: components.encode_prompts(path, cfg, tokenizer, limit=cfg.eval.max_prompts)[0]
+        name: encode_prompts(path, cfg, tokenizer, limit=cfg.eval.max_prompts)[0]
         for name, path in artifacts.eval_paths.items()
     }
     return train, evals
@@ -128,7 +127,7 @@ def create_workers(
     buffer = (
         ray.remote(RolloutBuffer)
         .options(num_cpus=0, max_concurrency=concurrency, name=None)
-        .remote(components.buffer_settings(cfg))
+        .remote(buffer_settings(cfg))
     )
     store = ray.remote(WeightStore).options(num_cpus=0, max_concurrency=concurrency).remote()
     hub = ray.remote(TelemetryHub).options(num_cpus=0, max_concurrency=concurrency).remote()

@@ -9,50 +9,14 @@ from typing import Any
 
 import torch
 
+from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer, quiet_transformers
+from zbrl.assembly.rewards import build_reward_fn
+from zbrl.assembly.settings import consumer_settings, eval_sampling_params, producer_settings
 from zbrl.config import RunConfig
-from zbrl.launch import components
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.handles import Handle, RayHandle
 from zbrl.transport.weights import WeightPublisher, WeightReceiver
 from zbrl.types import EncodedPrompt
-
-
-def _device(cfg: RunConfig) -> torch.device:
-    if cfg.training.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.training.device)
-
-
-def _dtype(cfg: RunConfig) -> torch.dtype:
-    return getattr(torch, cfg.model.dtype)
-
-
-def load_policy(cfg: RunConfig, model_dir: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=_dtype(cfg), trust_remote_code=cfg.model.trust_remote_code
-    )
-
-
-def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        tokenizer_dir, trust_remote_code=cfg.model.trust_remote_code
-    )
-
-
-def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
-    if cfg.rollout.backend.type != "transformers":
-        raise ValueError(
-            f"rollout.backend.type={cfg.rollout.backend.type!r} is not available in this version "
-            "of zbrl; use rollout.backend.type=transformers"
-        )
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
-
-    tokenizer = load_tokenizer(cfg, tokenizer_dir)
-    return TransformersBackend(load_policy(cfg, model_dir), tokenizer, device=_device(cfg))
 
 
 class SpanFlusher:
@@ -82,14 +46,6 @@ class SpanFlusher:
                 self.flush()
             except Exception:  # the hub is gone: the run is ending
                 return
-
-
-def quiet_transformers() -> None:
-    """No per-file progress bars from transformers in worker logs."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 def _run_role(run: Any, close: Any, recorder: SpanRecorder, hub: Handle) -> Any:
@@ -131,10 +87,10 @@ class ProducerWorker:
         backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
         self.receiver = WeightReceiver(RayHandle(store), self.recorder, initial_version=0)
         self.producer = Producer(
-            components.producer_settings(cfg, index),
+            producer_settings(cfg, index),
             prompts,
             backend,
-            components.build_reward_fn(cfg),
+            build_reward_fn(cfg),
             RayHandle(buffer),
             self.receiver,
             self.recorder,
@@ -159,27 +115,17 @@ class ConsumerWorker:
         store: Any,
         hub: Any,
     ) -> None:
-        from zbrl.training.consumer import Consumer, ConsumerSettings
+        from zbrl.training.consumer import Consumer
 
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, index)
         self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
         self.hub = RayHandle(hub)
-        device = _device(cfg)
         tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
-        trainer = _build_trainer(cfg, Path(model_dir), tokenizer, device, total_steps)
+        trainer = build_trainer(cfg, Path(model_dir), tokenizer, total_steps)
         self.publisher = WeightPublisher(RayHandle(store), self.recorder)
-        lg = cfg.logging
         self.consumer = Consumer(
-            ConsumerSettings(
-                groups_per_step=cfg.training.train_batch_size // cfg.launch.num_consumers,
-                max_steps=cfg.training.max_steps,
-                checkpoint_dir=str(Path(run_dir) / "checkpoints"),
-                save_interval=lg.save_interval,
-                save_final=lg.save_final,
-                log_rollout_interval=lg.log_rollout_interval,
-                rollouts_per_log=lg.rollouts_per_log,
-            ),
+            consumer_settings(cfg, run_dir),
             trainer,
             RayHandle(buffer),
             self.publisher,
@@ -191,44 +137,6 @@ class ConsumerWorker:
 
     def run(self):
         return _run_role(self.consumer.run, self.publisher.close, self.recorder, self.hub)
-
-
-def _build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, device, total_steps: int):
-    from zbrl.training.schedule import lr_factor
-    from zbrl.training.train_step import Trainer
-
-    policy = load_policy(cfg, model_dir).to(device)
-    if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    reference = None
-    if cfg.algorithm.beta > 0:
-        reference = load_policy(cfg, model_dir).to(device).eval()
-        reference.requires_grad_(False)
-    a = cfg.algorithm
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
-    )
-    optimizer_steps = total_steps * (cfg.training.train_batch_size // cfg.minibatch_size)
-    sched = a.lr_schedule
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: lr_factor(
-            step,
-            warmup_steps=sched.warmup_steps,
-            total_steps=optimizer_steps,
-            decay=sched.decay,
-            min_ratio=sched.min_lr_ratio,
-        ),
-    )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return Trainer(
-        policy,
-        optimizer,
-        scheduler,
-        components.step_settings(cfg, pad_id),
-        reference=reference,
-        device=device,
-    )
 
 
 class EvaluatorWorker:
@@ -255,9 +163,9 @@ class EvaluatorWorker:
         self.receiver = WeightReceiver(RayHandle(store), self.recorder, initial_version=0)
         self.evaluator = Evaluator(
             backend,
-            components.build_reward_fn(cfg),
+            build_reward_fn(cfg),
             [EvalSet(name, prompts) for name, prompts in eval_sets.items()],
-            components.eval_sampling_params(cfg),
+            eval_sampling_params(cfg),
             batch_size=cfg.eval.batch_size,
             out_dir=Path(run_dir) / "eval",
         )

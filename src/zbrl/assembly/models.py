@@ -1,0 +1,95 @@
+"""Models and engines from a RunConfig: the policy, the tokenizer, the inference backend and the
+trainer (policy, optional frozen reference, optimizer, LR schedule)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from zbrl.assembly.settings import step_settings
+from zbrl.config import RunConfig
+
+
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers in worker logs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def device_of(cfg: RunConfig) -> torch.device:
+    if cfg.training.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.training.device)
+
+
+def load_policy(cfg: RunConfig, model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        dtype=getattr(torch, cfg.model.dtype),
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+
+
+def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        tokenizer_dir, trust_remote_code=cfg.model.trust_remote_code
+    )
+
+
+def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
+    if cfg.rollout.backend.type != "transformers":
+        raise ValueError(
+            f"rollout.backend.type={cfg.rollout.backend.type!r} is not available in this version "
+            "of zbrl; use rollout.backend.type=transformers"
+        )
+    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+    tokenizer = load_tokenizer(cfg, tokenizer_dir)
+    return TransformersBackend(load_policy(cfg, model_dir), tokenizer, device=device_of(cfg))
+
+
+def build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int):
+    """The policy (and a frozen reference when ``beta > 0``), AdamW and the LR schedule."""
+    from zbrl.training.schedule import lr_factor
+    from zbrl.training.train_step import Trainer
+
+    device = device_of(cfg)
+    policy = load_policy(cfg, model_dir).to(device)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = None
+    if cfg.algorithm.beta > 0:
+        reference = load_policy(cfg, model_dir).to(device).eval()
+        reference.requires_grad_(False)
+    a = cfg.algorithm
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
+    )
+    optimizer_steps = total_steps * (cfg.training.train_batch_size // cfg.minibatch_size)
+    sched = a.lr_schedule
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(
+            step,
+            warmup_steps=sched.warmup_steps,
+            total_steps=optimizer_steps,
+            decay=sched.decay,
+            min_ratio=sched.min_lr_ratio,
+        ),
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return Trainer(
+        policy,
+        optimizer,
+        scheduler,
+        step_settings(cfg, pad_id),
+        reference=reference,
+        device=device,
+    )

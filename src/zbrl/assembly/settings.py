@@ -1,0 +1,114 @@
+"""Each role's settings from a RunConfig (the only place config fields become role settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zbrl.algorithms.policy_loss import LossConfig
+from zbrl.config import RunConfig
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.producer import ProducerSettings
+from zbrl.training.consumer import ConsumerSettings
+from zbrl.training.train_step import StepSettings
+from zbrl.transport.buffer import BufferSettings
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    g = cfg.rollout.generation
+    return SamplingParams(
+        n=g.num_generations,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        max_new_tokens=g.max_new_tokens,
+        stop_strings=tuple(g.stop_strings),
+    )
+
+
+def eval_sampling_params(cfg: RunConfig) -> SamplingParams:
+    g = cfg.rollout.generation
+    return SamplingParams(
+        n=cfg.eval.num_samples,
+        temperature=cfg.eval.temperature,
+        top_p=g.top_p if cfg.eval.temperature > 0 else 1.0,
+        top_k=g.top_k if cfg.eval.temperature > 0 else -1,
+        max_new_tokens=cfg.eval_max_new_tokens,
+        stop_strings=tuple(g.stop_strings),
+    )
+
+
+def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
+    schedule = cfg.rollout.generation.temperature_schedule
+    return ProducerSettings(
+        index=index,
+        num_producers=cfg.launch.num_producers,
+        sampling=sampling_params(cfg),
+        inference_batch_size=cfg.rollout.inference_batch_size,
+        inference_microbatch_size=cfg.rollout.inference_microbatch_size,
+        num_epochs=cfg.data.num_epochs,
+        seed=cfg.data.seed,
+        shuffle=cfg.data.shuffle,
+        final_temperature=schedule.final if schedule else None,
+        anneal_fraction=schedule.over_fraction if schedule else 1.0,
+    )
+
+
+def buffer_settings(cfg: RunConfig) -> BufferSettings:
+    a = cfg.algorithm
+    return BufferSettings(
+        groups_per_step=cfg.training.train_batch_size,
+        max_staleness=cfg.transport.max_staleness,
+        num_producers=cfg.launch.num_producers,
+        filter_range=a.filter_range if a.dynamic_batching else None,
+        dynamic_batching=a.dynamic_batching,
+        drop_all_truncated_groups=a.filter_truncated_response,
+        capacity=cfg.transport.buffer_capacity,
+    )
+
+
+def consumer_settings(cfg: RunConfig, run_dir: str | Path) -> ConsumerSettings:
+    lg = cfg.logging
+    return ConsumerSettings(
+        groups_per_step=cfg.training.train_batch_size // cfg.launch.num_consumers,
+        max_steps=cfg.training.max_steps,
+        checkpoint_dir=str(Path(run_dir) / "checkpoints"),
+        save_interval=lg.save_interval,
+        save_final=lg.save_final,
+        log_rollout_interval=lg.log_rollout_interval,
+        rollouts_per_log=lg.rollouts_per_log,
+    )
+
+
+def loss_config(cfg: RunConfig) -> LossConfig:
+    a = cfg.algorithm
+    return LossConfig(
+        clip_eps_low=a.clip_eps_low,
+        clip_eps_high=a.clip_eps_high,
+        dual_clip_c=a.dual_clip_c,
+        beta=a.beta,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        aggregation=a.loss_aggregation,
+    )
+
+
+def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
+    a = cfg.algorithm
+    return StepSettings(
+        advantage=a.advantage,
+        advantage_kwargs={
+            "eps": a.advantage_eps,
+            "std_unbiased": a.std_unbiased,
+            "group_baseline": a.reinforce_group_baseline,
+        },
+        policy_loss=a.policy_loss,
+        loss=loss_config(cfg),
+        minibatch_groups=cfg.minibatch_size,
+        microbatch_size=cfg.training.train_microbatch_size,
+        filter_truncated=a.filter_truncated_response,
+        loss_filter_range=None if a.dynamic_batching else a.filter_range,
+        max_norm=a.max_norm,
+        norm_tokens=float(cfg.rollout.generation.max_new_tokens),
+        logprob_chunk_size=cfg.training.logprob_chunk_size,
+        pad_id=pad_id,
+    )

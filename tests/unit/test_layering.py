@@ -1,0 +1,75 @@
+"""The house's import rules (DESIGN.md §2), checked on the source: arrows only point down."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "zbrl"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module named by an import statement of ``path`` (top level or inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _modules(package: str) -> list[Path]:
+    root = SRC / package
+    return sorted(root.rglob("*.py")) if root.is_dir() else [SRC / f"{package}.py"]
+
+
+def _matches(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _violations(packages: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(SRC)} imports {name}"
+        for package in packages
+        for path in _modules(package)
+        for name in sorted(_imports(path))
+        if _matches(name, prefixes)
+    ]
+
+
+BELOW_LAUNCH = [
+    p.name if p.is_dir() else p.stem
+    for p in SRC.iterdir()
+    if p.name not in ("launch", "cli.py", "__pycache__", "py.typed", "__init__.py")
+]
+
+
+def test_only_the_cli_imports_launch() -> None:
+    """``launch`` turns components into actors; nothing below it may import it."""
+    assert "assembly" in BELOW_LAUNCH and "evaluation" in BELOW_LAUNCH
+    assert _violations(BELOW_LAUNCH, ("zbrl.launch",)) == []
+
+
+@pytest.mark.parametrize(
+    "package", ["config", "types", "rewards", "algorithms", "assembly", "data", "training"]
+)
+def test_no_ray_below_launch(package: str) -> None:
+    assert _violations([package], ("ray",)) == []
+
+
+@pytest.mark.parametrize("package", ["config", "types", "rewards", "algorithms"])
+def test_no_torch_distributed_in_pure_packages(package: str) -> None:
+    assert _violations([package], ("torch.distributed",)) == []
+
+
+def test_the_rule_sees_a_violation(tmp_path: Path) -> None:
+    """The scanner itself finds imports inside functions (so the tests above can fail)."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from zbrl.launch.driver import run_training\n    import ray\n")
+    assert _matches("zbrl.launch.driver", ("zbrl.launch",))
+    assert {"zbrl.launch.driver", "ray"} <= _imports(module)
+    assert not _matches("zbrl.launcher", ("zbrl.launch",))
