@@ -289,7 +289,10 @@ def test_case_table_is_large_and_ids_unique():
     [
         ("\\frac{1}{2}", "0.5", (True, "math_verify")),
         ("12.", "12", (True, "string")),
-        ("\\frac12", "\\frac{1}{2}", (True, "string")),
+        # math_verify cannot read \frac ab (letters); the string match can
+        ("\\frac ab", "\\frac{a}{b}", (True, "string")),
+        # math_verify reads \frac12 itself (issue 15: it used to need the string match)
+        ("\\frac12", "\\frac{1}{2}", (True, "math_verify")),
         ("4", "5", (False, "math_verify")),
         (None, "5", (False, "none")),
         ("   ", "5", (False, "none")),
@@ -300,6 +303,7 @@ def test_case_table_is_large_and_ids_unique():
         "mv",
         "string_period",
         "string_frac",
+        "mv_frac_shorthand",
         "mv_wrong",
         "none",
         "blank",
@@ -310,6 +314,61 @@ def test_case_table_is_large_and_ids_unique():
 def test_answers_equivalent_methods(pred, gold, expected):
     assert answers_equivalent(pred, gold) == expected
     assert answers_equivalent(pred, gold, timeout_s=None) == expected
+
+
+# Shorthand LaTeX that math_verify's default settings accept (issue 15, item 9): math_verify
+# itself must judge these equal, not only the string fallback.
+SHORTHAND_EQUAL = [
+    ("\\frac12", "0.5"),
+    ("\\sqrt{3}/2", "\\frac{\\sqrt3}{2}"),
+    ("\\sqrt3/2", "\\frac{\\sqrt3}{2}"),
+    ("\\frac 1 2", "0.5"),
+    ("\\dfrac12", "0.5"),
+    ("\\tfrac34", "0.75"),
+    ("\\frac1{2}", "0.5"),
+    ("\\frac{1}2", "0.5"),
+    ("\\sqrt2", "\\sqrt{2}"),
+    ("2\\sqrt3", "\\sqrt{12}"),
+    ("0.5", "\\frac12"),
+    ("\\frac{\\sqrt{3}}{2}", "\\sqrt3/2"),
+    ("2^(10)", "1024"),
+]
+# ... and near misses that must stay wrong (shorthand is read as math, not waved through).
+SHORTHAND_WRONG = [
+    ("\\frac13", "0.5"),
+    ("\\sqrt{3}/3", "\\frac{\\sqrt3}{2}"),
+    ("\\sqrt3/2", "\\frac{\\sqrt2}{2}"),
+    ("\\frac21", "0.5"),
+    ("\\sqrt2", "\\sqrt{3}"),
+    ("\\frac 1 2", "2"),
+    ("\\sqrt 3", "3"),
+]
+
+
+@pytest.mark.parametrize(("pred", "gold"), SHORTHAND_EQUAL, ids=[p for p, _ in SHORTHAND_EQUAL])
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in_process", "worker"])
+def test_shorthand_latex_is_equivalent(pred, gold, timeout_s):
+    assert answers_equivalent(pred, gold, timeout_s=timeout_s) == (True, "math_verify")
+
+
+@pytest.mark.parametrize(("pred", "gold"), SHORTHAND_WRONG, ids=[p for p, _ in SHORTHAND_WRONG])
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in_process", "worker"])
+def test_shorthand_latex_near_misses_stay_wrong(pred, gold, timeout_s):
+    assert answers_equivalent(pred, gold, timeout_s=timeout_s) == (False, "math_verify")
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "ans_acc"),
+    [(p, g, 1.0) for p, g in SHORTHAND_EQUAL] + [(p, g, 0.0) for p, g in SHORTHAND_WRONG],
+    ids=[f"equal:{p}" for p, _ in SHORTHAND_EQUAL] + [f"wrong:{p}" for p, _ in SHORTHAND_WRONG],
+)
+def test_shorthand_latex_through_the_math_rewards(pred, gold, ans_acc):
+    ctx = RewardContext(response_tokens=10, max_new_tokens=100)
+    for reward, response in ((BoxedReward(), B(pred)), (ThinkAnswerReward(), T(pred))):
+        result = reward.score(response, {"gt_answer": gold}, ctx)
+        assert (result.format_acc, result.ans_acc) == (1.0, ans_acc), (reward.name, pred, gold)
+        assert result.reward == ans_acc
+        assert result.parsed == pred
 
 
 @pytest.mark.parametrize("gold", ["", "   ", None, 5, 0.5, ["5"]])

@@ -200,26 +200,16 @@ class _DropTimeoutDisabledWarning(logging.Filter):
 
 @functools.lru_cache(maxsize=1)
 def _math_verify() -> tuple[Any, Any, list[Any]]:
-    """Import math_verify lazily (it pulls in sympy) and build the seed's extraction config."""
+    """Import math_verify lazily (it pulls in sympy) and build the extraction config."""
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
-    from latex2sympy2_extended import NormalizationConfig
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    config = [
-        ExprExtractionConfig(),
-        LatexExtractionConfig(
-            boxed_match_priority=0,
-            normalization_config=NormalizationConfig(
-                basic_latex=True,
-                units=True,
-                malformed_operators=False,
-                nits=False,
-                boxed="all",
-                equations=False,
-            ),
-        ),
-    ]
+    # math_verify's default LaTeX normalisation (basic LaTeX, units, malformed operators, nits,
+    # all boxes), so what math_verify accepts by default is accepted here: \frac12 = 0.5,
+    # \sqrt3/2 = \frac{\sqrt3}{2}. The seed turned malformed_operators and nits off, which
+    # made such answers wrong or misread them (\frac 1 2 parsed as 2, \sqrt 3 as 3).
+    config = [ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)]
     return parse, verify, config
 
 
