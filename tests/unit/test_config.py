@@ -46,8 +46,10 @@ def test_recipes_exist():
 def test_seed_defaults():
     cfg = RunConfig()
     a = cfg.algorithm
-    assert a.lr == 1e-6 and a.clip_eps_low == 0.2 and a.clip_eps_high == 0.2
-    assert a.dual_clip_c is None and a.max_norm == 1.0
+    loss = a.policy_loss
+    assert a.lr == 1e-6 and loss.clip_eps_low == 0.2 and loss.clip_eps_high == 0.2
+    assert loss.dual_clip_c is None and a.max_norm == 1.0
+    assert a.advantage.type == "grpo" and a.advantage.eps == 1e-6
     assert cfg.rollout.generation.temperature == 1.0 and cfg.rollout.generation.top_k == -1
 
 
@@ -57,13 +59,17 @@ def test_presets_expand_into_fields(name):
     for section, values in PRESETS[name].items():
         resolved = getattr(cfg, section).model_dump(mode="json")
         for key, value in values.items():
+            if isinstance(value, dict):  # a plug-in: the preset's type and options, in full
+                assert {k: resolved[key][k] for k in value} == value, (section, key)
+                continue
             expected = list(value) if isinstance(value, tuple) else value
             assert resolved[key] == expected, (section, key)
 
 
 def test_dapo_preset_values_and_explicit_override_wins():
-    cfg = load_config(None, ["algorithm.preset=dapo", "algorithm.clip_eps_high=0.3"])
-    assert cfg.algorithm.clip_eps_high == 0.3  # explicit beats preset
+    cfg = load_config(None, ["algorithm.preset=dapo", "algorithm.policy_loss.clip_eps_high=0.3"])
+    assert cfg.algorithm.policy_loss.clip_eps_high == 0.3  # explicit beats preset
+    assert cfg.algorithm.policy_loss.clip_eps_low == 0.2  # the preset fills the rest
     assert cfg.algorithm.filter_range == (0.0, 1.0)
     assert cfg.algorithm.loss_aggregation == "token-mean"
     assert cfg.reward.soft_overlong_punishment is True
@@ -96,8 +102,11 @@ def test_override_without_equals_is_an_error():
 @pytest.mark.parametrize(
     ("overrides", "needles"),
     [
-        (["algorithm.clip_eps_low=1.5"], ["algorithm.clip_eps_low", "1.5", "below 1"]),
-        (["algorithm.foo=1"], ["algorithm.foo", "unknown field", "clip_eps_low"]),
+        (
+            ["algorithm.policy_loss.clip_eps_low=1.5"],
+            ["algorithm.policy_loss.clip_eps_low", "1.5", "below 1"],
+        ),
+        (["algorithm.foo=1"], ["algorithm.foo", "unknown field", "policy_loss"]),
         (
             ["training.train_batch_size=8", "training.train_microbatch_size=7"],
             ["train_microbatch_size", "not divisible", "divisor of 64"],
@@ -115,7 +124,7 @@ def test_override_without_equals_is_an_error():
             ["inference_batch_size", "divides"],
         ),
         (["algorithm.filter_range=[0.9, 0.1]"], ["filter_range", "low < high"]),
-        (["algorithm.dual_clip_c=0.5"], ["dual_clip_c", "above 1"]),
+        (["algorithm.policy_loss.dual_clip_c=0.5"], ["policy_loss.dual_clip_c", "above 1"]),
         (["algorithm.kl_estimator=k9"], ["kl_estimator", "k3"]),
         (["rollout.backend.type=sglang"], ["backend", "transformers"]),
         (
@@ -149,8 +158,8 @@ def test_group_estimator_allows_g1_with_plain_reinforce():
         [
             "rollout.generation.num_generations=1",
             "training.train_microbatch_size=1",
-            "algorithm.advantage=reinforce_pp",
-            "algorithm.reinforce_group_baseline=false",
+            "algorithm.advantage.type=reinforce_pp",
+            "algorithm.advantage.group_baseline=false",
         ],
     )
     assert cfg.rollout.generation.num_generations == 1
@@ -200,9 +209,9 @@ def test_validate_cli_prints_resolved_config(capsys):
 
 def test_validate_cli_bad_value_exits_nonzero(capsys):
     demo = next(p for p in RECIPES if p.name == "demo.yaml")
-    assert main(["validate", str(demo), "algorithm.clip_eps_low=1.5"]) == 2
+    assert main(["validate", str(demo), "algorithm.policy_loss.clip_eps_low=1.5"]) == 2
     err = capsys.readouterr().err
-    assert "algorithm.clip_eps_low" in err and "1.5" in err
+    assert "algorithm.policy_loss.clip_eps_low" in err and "1.5" in err
 
 
 def test_docs_config_reference_is_up_to_date():
@@ -212,3 +221,18 @@ def test_docs_config_reference_is_up_to_date():
     assert doc.read_text() == markdown_reference(), (
         "docs/config.md is stale: run `python -m zbrl.config.reference > docs/config.md`"
     )
+
+
+def test_eval_command_takes_its_defaults_from_the_config():
+    """`zbrl eval` flags left out keep the config's values (one source of defaults)."""
+    from zbrl.cli import build_parser
+    from zbrl.evaluation.cli import eval_overrides
+
+    args = build_parser().parse_args(["eval", "--model", "m", "--data", "d.jsonl"])
+    assert eval_overrides(args) == []
+    given = build_parser().parse_args(
+        ["eval", "--model", "m", "--data", "d", "--n", "4", "--temperature", "0"]
+    )
+    cfg = load_config(None, eval_overrides(given))
+    assert (cfg.eval.num_samples, cfg.eval.temperature) == (4, 0.0)
+    assert cfg.eval.batch_size == RunConfig().eval.batch_size

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from zbrl.data import (
-    DEFAULT_SYSTEM_PROMPTS,
     DatasetError,
     PromptEncoder,
     PromptExample,
@@ -362,19 +361,22 @@ def example_with(content: str, system: str | None = None) -> PromptExample:
     return PromptExample("t:1", tuple(messages), "5", None, "t.jsonl:1")
 
 
-def test_default_system_prompts_describe_each_format():
-    assert set(DEFAULT_SYSTEM_PROMPTS) == {"think_answer_tags", "boxed", "code"}
-    tags = DEFAULT_SYSTEM_PROMPTS["think_answer_tags"]
+def test_each_reward_owns_a_system_prompt_describing_its_format():
+    from zbrl.rewards.boxed import BoxedReward
+    from zbrl.rewards.code import CodeReward
+    from zbrl.rewards.think_answer import ThinkAnswerReward
+
+    tags = ThinkAnswerReward.system_prompt
     assert all(t in tags for t in ("<think>", "</think>", "<answer>", "</answer>"))
-    assert "\\boxed{" in DEFAULT_SYSTEM_PROMPTS["boxed"]
-    assert "```python" in DEFAULT_SYSTEM_PROMPTS["code"]
+    assert "\\boxed{" in BoxedReward.system_prompt
+    assert "```python" in CodeReward.system_prompt
 
 
 def test_resolve_system_prompt():
-    assert resolve_system_prompt(None, "boxed") == DEFAULT_SYSTEM_PROMPTS["boxed"]
-    assert resolve_system_prompt("be brief .", "boxed") == "be brief ."
-    assert resolve_system_prompt("", "boxed") is None
-    assert resolve_system_prompt(None, "my.module:reward") is None
+    assert resolve_system_prompt(None, "the reward's own") == "the reward's own"
+    assert resolve_system_prompt("be brief .", "the reward's own") == "be brief ."
+    assert resolve_system_prompt("", "the reward's own") is None
+    assert resolve_system_prompt(None, None) is None  # a user reward has none
 
 
 def test_build_messages_prepends_system_prompt():

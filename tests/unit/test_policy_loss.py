@@ -17,6 +17,7 @@ from zbrl.algorithms import (
     kl_estimate,
     normalisers_for,
 )
+from zbrl.config import ConfigError, load_config
 
 # ---------------------------------------------------------------- loop references (python floats)
 
@@ -299,14 +300,43 @@ def test_missing_reference_or_entropy_is_a_clear_error() -> None:
         compute_policy_loss("ppo_clip", inputs, LossConfig(entropy_coef=0.1), norm)
 
 
-def test_bad_config_and_shapes_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="dual_clip_c must be > 1"):
-        LossConfig(dual_clip_c=0.5)
-    with pytest.raises(ValueError, match="aggregation must be one of"):
-        LossConfig(aggregation="mean")
-    with pytest.raises(ValueError, match="kl_estimator must be one of"):
-        LossConfig(kl_estimator="k9")
+@pytest.mark.parametrize(
+    ("override", "expect"),
+    [
+        ("algorithm.policy_loss.dual_clip_c=0.5", r"policy_loss.dual_clip_c' = 0.5: .*above 1"),
+        ("algorithm.loss_aggregation=mean", r"loss_aggregation' = 'mean'"),
+        ("algorithm.kl_estimator=k9", r"kl_estimator' = 'k9'"),
+    ],
+)
+def test_bad_loss_settings_are_refused_once_by_the_config(override: str, expect: str) -> None:
+    """LossConfig's values are validated in one place, the run config (issue 13)."""
+    with pytest.raises(ConfigError, match=expect):
+        load_config(None, [override])
+
+
+def test_loss_config_defaults_are_the_config_defaults() -> None:
+    a = load_config(None, []).algorithm
+    cfg = LossConfig()
+    assert (cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c) == (
+        a.policy_loss.clip_eps_low,
+        a.policy_loss.clip_eps_high,
+        a.policy_loss.dual_clip_c,
+    )
+    assert (cfg.beta, cfg.kl_estimator, cfg.entropy_coef, cfg.aggregation) == (
+        a.beta,
+        a.kl_estimator,
+        a.entropy_coef,
+        a.loss_aggregation,
+    )
+
+
+def test_bad_mode_and_shapes_are_clear_errors() -> None:
     inputs = random_inputs(0)
+    norm = normalisers_for(inputs.mask_BT)
+    with pytest.raises(ValueError, match="unknown loss aggregation mode 'mean'"):
+        compute_policy_loss("ppo_clip", inputs, LossConfig(aggregation="mean"), norm)
+    with pytest.raises(ValueError, match="unknown KL estimator kind 'k9'"):
+        compute_policy_loss("ppo_clip", inputs, LossConfig(beta=0.1, kl_estimator="k9"), norm)
     inputs.advantages_B_or_BT = torch.zeros(3)
     with pytest.raises(ValueError, match="advantages_B_or_BT has shape"):
         compute_policy_loss("ppo_clip", inputs, LossConfig(), normalisers_for(inputs.mask_BT))

@@ -20,13 +20,15 @@ User losses: register with ``@POLICY_LOSSES.register("name")`` or pass ``"module
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from zbrl.algorithms.aggregation import AGGREGATION_MODES, Normalisers, aggregate
-from zbrl.algorithms.kl import KL_KINDS, kl_estimate
+from zbrl.algorithms.aggregation import Normalisers, aggregate
+from zbrl.algorithms.kl import kl_estimate
+from zbrl.config.algorithm import AlgorithmConfig, PpoClipLoss
 from zbrl.registry import Registry
 
 #: Bound on |logπ - logπ_old| before exp (ρ ∈ [e^-20, e^20]).
@@ -53,9 +55,16 @@ class LossInputs:
     entropy_BT: torch.Tensor | None = None
 
 
+_PPO_CLIP = PpoClipLoss()
+_ALGORITHM = AlgorithmConfig()
+
+
 @dataclass
 class LossConfig:
-    """Knobs of the policy loss (the pydantic run config maps onto this).
+    """Knobs of the policy loss, filled from the run config's ``algorithm`` section.
+
+    The defaults are read from the config models (``zbrl.config``), so they live in one place,
+    and the values are validated there (bounds, names); this dataclass does not check them again.
 
     clip_eps_low / clip_eps_high: ratio clip range [1 - low, 1 + high].
     dual_clip_c: dual-clip constant c > 1 for negative advantages; None disables it.
@@ -63,36 +72,17 @@ class LossConfig:
     kl_estimator: "k1", "k2" or "k3" (see :mod:`zbrl.algorithms.kl`).
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
     aggregation: one of :data:`~zbrl.algorithms.aggregation.AGGREGATION_MODES`.
+    options: free options of a user loss given by import path (``algorithm.policy_loss.options``).
     """
 
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    dual_clip_c: float | None = None
-    beta: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    aggregation: str = "token-mean"
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.clip_eps_low < 1.0:
-            raise ValueError(f"clip_eps_low must be in [0, 1); got {self.clip_eps_low}")
-        if self.clip_eps_high < 0.0:
-            raise ValueError(f"clip_eps_high must be >= 0; got {self.clip_eps_high}")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-            raise ValueError(
-                f"dual_clip_c must be > 1 (Ye et al. 2020) or None to disable; "
-                f"got {self.dual_clip_c}"
-            )
-        if self.beta < 0.0 or self.entropy_coef < 0.0:
-            raise ValueError(
-                f"beta and entropy_coef must be >= 0; got {self.beta}, {self.entropy_coef}"
-            )
-        if self.kl_estimator not in KL_KINDS:
-            raise ValueError(f"kl_estimator must be one of {KL_KINDS}; got {self.kl_estimator!r}")
-        if self.aggregation not in AGGREGATION_MODES:
-            raise ValueError(
-                f"aggregation must be one of {AGGREGATION_MODES}; got {self.aggregation!r}"
-            )
+    clip_eps_low: float = _PPO_CLIP.clip_eps_low
+    clip_eps_high: float = _PPO_CLIP.clip_eps_high
+    dual_clip_c: float | None = _PPO_CLIP.dual_clip_c
+    beta: float = _ALGORITHM.beta
+    kl_estimator: str = _ALGORITHM.kl_estimator
+    entropy_coef: float = _ALGORITHM.entropy_coef
+    aggregation: str = _ALGORITHM.loss_aggregation
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from zbrl.algorithms.policy_loss import LossConfig
-from zbrl.config import RunConfig
+from zbrl.config import ImportAdvantage, PpoClipLoss, RunConfig
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.producer import ProducerSettings
 from zbrl.training.consumer import ConsumerSettings
@@ -81,27 +82,37 @@ def consumer_settings(cfg: RunConfig, run_dir: str | Path) -> ConsumerSettings:
 
 def loss_config(cfg: RunConfig) -> LossConfig:
     a = cfg.algorithm
-    return LossConfig(
-        clip_eps_low=a.clip_eps_low,
-        clip_eps_high=a.clip_eps_high,
-        dual_clip_c=a.dual_clip_c,
-        beta=a.beta,
-        kl_estimator=a.kl_estimator,
-        entropy_coef=a.entropy_coef,
-        aggregation=a.loss_aggregation,
-    )
+    loss = a.policy_loss
+    shared = {
+        "beta": a.beta,
+        "kl_estimator": a.kl_estimator,
+        "entropy_coef": a.entropy_coef,
+        "aggregation": a.loss_aggregation,
+    }
+    if isinstance(loss, PpoClipLoss):
+        return LossConfig(
+            clip_eps_low=loss.clip_eps_low,
+            clip_eps_high=loss.clip_eps_high,
+            dual_clip_c=loss.dual_clip_c,
+            **shared,
+        )
+    return LossConfig(options=dict(loss.options), **shared)
+
+
+def advantage_options(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword options of the chosen estimator: its own fields, or a user estimator's options."""
+    advantage = cfg.algorithm.advantage
+    if isinstance(advantage, ImportAdvantage):
+        return dict(advantage.options)
+    return advantage.model_dump(exclude={"type"})
 
 
 def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
     a = cfg.algorithm
     return StepSettings(
-        advantage=a.advantage,
-        advantage_kwargs={
-            "eps": a.advantage_eps,
-            "std_unbiased": a.std_unbiased,
-            "group_baseline": a.reinforce_group_baseline,
-        },
-        policy_loss=a.policy_loss,
+        advantage=a.advantage.type,
+        advantage_kwargs=advantage_options(cfg),
+        policy_loss=a.policy_loss.type,
         loss=loss_config(cfg),
         minibatch_groups=cfg.minibatch_size,
         microbatch_size=cfg.training.train_microbatch_size,

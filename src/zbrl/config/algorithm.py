@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+from zbrl.config.plugin import as_plugin_dict, check_import_path, plugin_union
 
 AggregationMode = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
@@ -28,28 +29,99 @@ class LrScheduleConfig(Section):
     """Cosine floor as a fraction of ``lr``."""
 
 
-class AlgorithmConfig(Section):
-    """Everything that defines the update rule."""
+class GrpoAdvantage(Section):
+    """GRPO (Shao et al. 2024): ``(r - group mean) / (group std + eps)``."""
 
-    preset: PresetName | None = None
-    """Named preset expanded into the fields below (explicit values win); shown in the resolved
-    config."""
-    advantage: str = "grpo"
-    """Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, or ``package.module:function``."""
-    advantage_eps: float = Field(default=1e-6, gt=0)
-    """Epsilon added to the group standard deviation (grpo)."""
+    type: Literal["grpo"] = "grpo"
+    """Estimator discriminator."""
+    eps: float = Field(default=1e-6, gt=0)
+    """Epsilon added to the group standard deviation."""
     std_unbiased: bool = True
-    """Use the unbiased (N-1) group standard deviation (grpo)."""
-    reinforce_group_baseline: bool = True
-    """REINFORCE++: subtract the group mean before batch whitening."""
-    policy_loss: str = "ppo_clip"
-    """Policy loss: ``ppo_clip`` or ``package.module:function``."""
+    """Use the unbiased (N-1) group standard deviation."""
+
+
+class DrGrpoAdvantage(Section):
+    """Dr.GRPO (Liu et al. 2025): ``r - group mean``, no division by the std; no options."""
+
+    type: Literal["dr_grpo"] = "dr_grpo"
+    """Estimator discriminator."""
+
+
+class RlooAdvantage(Section):
+    """RLOO (Ahmadian et al. 2024): leave-one-out baseline; needs G >= 2; no options."""
+
+    type: Literal["rloo"] = "rloo"
+    """Estimator discriminator."""
+
+
+class ReinforcePPAdvantage(Section):
+    """REINFORCE++ (Hu 2025): advantages whitened over the whole train batch."""
+
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+    """Estimator discriminator."""
+    group_baseline: bool = True
+    """Subtract the group mean before batch whitening (the "REINFORCE++-baseline" variant)."""
+    eps: float = Field(default=1e-6, gt=0)
+    """Epsilon added to the batch standard deviation."""
+    std_unbiased: bool = True
+    """Use the unbiased (N-1) batch standard deviation."""
+
+
+class ImportAdvantage(Section):
+    """A user estimator ``fn(rewards_BG, **options) -> advantages_BG``, given by import path."""
+
+    type: str
+    """``package.module:function``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options passed to the function."""
+
+    _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
+
+
+AdvantageConfig = plugin_union(
+    GrpoAdvantage, DrGrpoAdvantage, RlooAdvantage, ReinforcePPAdvantage, ImportAdvantage
+)
+
+
+class PpoClipLoss(Section):
+    """The PPO clipped surrogate with asymmetric clipping and optional dual-clip."""
+
+    type: Literal["ppo_clip"] = "ppo_clip"
+    """Loss discriminator."""
     clip_eps_low: float = Field(default=0.2, ge=0, lt=1)
     """Lower clip: the ratio is clipped below at 1 - clip_eps_low."""
     clip_eps_high: float = Field(default=0.2, ge=0)
     """Upper clip: the ratio is clipped above at 1 + clip_eps_high (DAPO clip-higher: 0.28)."""
     dual_clip_c: float | None = Field(default=None, gt=1)
     """Dual-clip constant c > 1 bounding the loss of negative advantages; None disables it."""
+
+
+class ImportPolicyLoss(Section):
+    """A user loss ``fn(inputs, loss_config, normalisers) -> LossOutputs``, by import path; its
+    ``options`` reach it as ``loss_config.options``."""
+
+    type: str
+    """``package.module:function``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Free options of the user loss (``LossConfig.options``)."""
+
+    _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
+
+
+PolicyLossConfig = plugin_union(PpoClipLoss, ImportPolicyLoss)
+
+
+class AlgorithmConfig(Section):
+    """Everything that defines the update rule."""
+
+    preset: PresetName | None = None
+    """Named preset expanded into the fields below (explicit values win); shown in the resolved
+    config."""
+    advantage: AdvantageConfig = Field(default_factory=GrpoAdvantage)
+    """Advantage estimator (``type``: grpo, dr_grpo, rloo, reinforce_pp, or
+    ``package.module:function``) with its own options."""
+    policy_loss: PolicyLossConfig = Field(default_factory=PpoClipLoss)
+    """Policy loss (``type``: ppo_clip or ``package.module:function``) with its own options."""
     beta: float = Field(default=0.0, ge=0)
     """KL penalty coefficient to the reference policy; 0 disables the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -75,6 +147,16 @@ class AlgorithmConfig(Section):
     """Gradient-norm clipping threshold."""
     lr_schedule: LrScheduleConfig = Field(default_factory=LrScheduleConfig)
     """Warmup and decay of the learning rate."""
+
+    @field_validator("advantage", mode="before")
+    @classmethod
+    def _advantage_shorthand(cls, value: Any) -> Any:
+        return as_plugin_dict(value, GrpoAdvantage)
+
+    @field_validator("policy_loss", mode="before")
+    @classmethod
+    def _loss_shorthand(cls, value: Any) -> Any:
+        return as_plugin_dict(value, PpoClipLoss)
 
     @field_validator("filter_range")
     @classmethod

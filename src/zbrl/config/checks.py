@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zbrl.config.algorithm import GROUP_ESTIMATORS
+from zbrl.config.algorithm import GROUP_ESTIMATORS, ReinforcePPAdvantage
+from zbrl.config.rewards import LengthShapingOptions
 
 if TYPE_CHECKING:
     from zbrl.config.run import RunConfig
@@ -55,22 +56,22 @@ def check_inference_batching(cfg: RunConfig) -> None:
 def check_group_size(cfg: RunConfig) -> None:
     g = cfg.rollout.generation.num_generations
     a = cfg.algorithm
-    needs_group = a.advantage in GROUP_ESTIMATORS or (
-        a.advantage == "reinforce_pp" and a.reinforce_group_baseline
+    needs_group = a.advantage.type in GROUP_ESTIMATORS or (
+        isinstance(a.advantage, ReinforcePPAdvantage) and a.advantage.group_baseline
     )
     if g < 2 and needs_group:
         raise ValueError(
-            f"algorithm.advantage={a.advantage!r} compares completions within a group, but "
-            f"rollout.generation.num_generations is {g}: every advantage would be 0. Set "
-            "num_generations >= 2, or use advantage=reinforce_pp with "
-            "reinforce_group_baseline=false"
+            f"algorithm.advantage.type={a.advantage.type!r} compares completions within a group, "
+            f"but rollout.generation.num_generations is {g}: every advantage would be 0. Set "
+            "num_generations >= 2, or use algorithm.advantage={type: reinforce_pp, "
+            "group_baseline: false}"
         )
 
 
 def check_length_shaping(cfg: RunConfig) -> None:
     rw = cfg.reward
     budget = cfg.rollout.generation.max_new_tokens
-    if not rw.soft_overlong_punishment:
+    if not isinstance(rw, LengthShapingOptions) or not rw.soft_overlong_punishment:
         return
     if rw.cache_length is not None and rw.cache_length >= budget:
         raise ValueError(

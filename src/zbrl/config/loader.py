@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +80,31 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 def resolved_yaml(cfg: RunConfig) -> str:
     """The fully resolved configuration, as YAML."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(_type_first(cfg.model_dump(mode="json")), sort_keys=False)
+
+
+def _type_first(value: Any) -> Any:
+    """Plug-in sections read best with their ``type`` on top."""
+    if isinstance(value, dict):
+        ordered = {"type": value["type"]} if "type" in value else {}
+        ordered.update((k, _type_first(v)) for k, v in value.items() if k != "type")
+        return ordered
+    if isinstance(value, list):
+        return [_type_first(v) for v in value]
+    return value
 
 
 def _describe(err: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    path, model = _walk(err["loc"])
+    loc = ".".join(path)
     msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "union_tag_invalid":
+        msg = f"unknown type {err['ctx']['tag']!r}"
     if err["type"] == "extra_forbidden":
-        known = _known_fields(err["loc"][:-1])
-        hint = f"; known fields here: {', '.join(known)}" if known else ""
+        _, model = _walk(err["loc"][:-1])
+        known = sorted(model.model_fields) if model is not None else []
+        variant = _variant_note(model)
+        hint = f"; known fields here{variant}: {', '.join(known)}" if known else ""
         return f"field '{loc}': unknown field{hint}"
     if not loc:
         return msg
@@ -105,25 +122,62 @@ _BOUND_FIXES = {
     "greater_than": "use a value above {gt}",
     "greater_than_equal": "use a value of at least {ge}",
     "literal_error": "use one of {expected}",
+    "union_tag_invalid": "use one of {expected_tags} ('import' = 'package.module:function')",
     "missing": "add this field",
 }
 
 
-def _known_fields(loc: tuple[Any, ...]) -> list[str]:
+def _walk(loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
+    """The user-facing dotted path of an error location and the model it ends in.
+
+    Pydantic puts a discriminated union's tag into the location (``advantage.rloo.eps``); the
+    tag is dropped from the path and selects the variant model.
+    """
+    path: list[str] = []
     model: type[BaseModel] | None = RunConfig
+    pending_union: dict[str, type[BaseModel]] | None = None
     for part in loc:
-        if model is None:
-            return []
-        field = model.model_fields.get(str(part))
+        text = str(part)
+        if text.startswith("function-"):
+            continue
+        if pending_union is not None:
+            chosen = pending_union.get(text)
+            pending_union = None
+            if chosen is not None:
+                model = chosen
+                continue
+        path.append(text)
+        field = model.model_fields.get(text) if model is not None else None
         if field is None:
-            return []
-        annotation = field.annotation
-        model = (
-            annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
-            else None
-        )
-    return sorted(model.model_fields) if model is not None else []
+            model = None
+            continue
+        variants = _tagged_models(field.annotation)
+        if len(variants) > 1:
+            pending_union, model = variants, None
+        else:
+            model = next(iter(variants.values()), None)
+    return path, model
+
+
+def _tagged_models(annotation: Any) -> dict[str, type[BaseModel]]:
+    """Models inside a field annotation, keyed by their union tag (``type`` or ``import``)."""
+    from zbrl.config.plugin import variant_tag
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        tag = variant_tag(annotation) if "type" in annotation.model_fields else annotation.__name__
+        return {tag: annotation}
+    out: dict[str, type[BaseModel]] = {}
+    for arg in typing.get_args(annotation):
+        out.update(_tagged_models(arg))
+    return out
+
+
+def _variant_note(model: type[BaseModel] | None) -> str:
+    if model is None or "type" not in model.model_fields:
+        return ""
+    default = model.model_fields["type"].default
+    kind = default if isinstance(default, str) else "an import path"
+    return f" (for type {kind})"
 
 
 def _deep_copy(value: Any) -> Any:

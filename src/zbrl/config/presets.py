@@ -4,30 +4,41 @@ Sources of the settings: GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 
 0.28, token-level loss, dynamic sampling, overlong filtering and soft punishment), Dr.GRPO (Liu et
 al. 2025: no std normalisation, constant length normaliser), RLOO (Ahmadian et al. 2024),
 REINFORCE++ (Hu 2025: batch-whitened advantages, token-level loss).
+
+Merging is per field and recursive: a value the user set wins, and a preset's plug-in options
+(``algorithm.advantage``, ``algorithm.policy_loss``, ``reward``) apply only when the user chose the
+same ``type`` as the preset or none. A preset's reward options fill only fields the chosen reward
+variant has (DAPO's soft overlong punishment applies to ``think_answer_tags``, ``boxed`` and
+``code``, not to a user reward given by import path).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from zbrl.config.plugin import as_plugin_dict, plugin_tag
+from zbrl.config.rewards import BoxedReward, CodeReward, ThinkAnswerTagsReward
+
+_SHAPED_REWARDS = {
+    v.model_fields["type"].default: v for v in (ThinkAnswerTagsReward, BoxedReward, CodeReward)
+}
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {
         "algorithm": {
-            "advantage": "grpo",
+            "advantage": {"type": "grpo"},
+            "policy_loss": {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.2},
             "loss_aggregation": "seq-mean-token-mean",
             "beta": 0.01,
             "kl_estimator": "k3",
-            "clip_eps_low": 0.2,
-            "clip_eps_high": 0.2,
         },
     },
     "dapo": {
         "algorithm": {
-            "advantage": "grpo",
+            "advantage": {"type": "grpo"},
+            "policy_loss": {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.28},
             "loss_aggregation": "token-mean",
             "beta": 0.0,
-            "clip_eps_low": 0.2,
-            "clip_eps_high": 0.28,
             "filter_range": [0.0, 1.0],  # strict: keep 0 < correct < G, for any G
             "filter_truncated_response": True,
             "dynamic_batching": True,
@@ -36,24 +47,22 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "dr_grpo": {
         "algorithm": {
-            "advantage": "dr_grpo",
+            "advantage": {"type": "dr_grpo"},
+            "policy_loss": {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.2},
             "loss_aggregation": "seq-mean-token-sum-norm",
             "beta": 0.0,
-            "clip_eps_low": 0.2,
-            "clip_eps_high": 0.2,
         },
     },
     "rloo": {
         "algorithm": {
-            "advantage": "rloo",
+            "advantage": {"type": "rloo"},
             "loss_aggregation": "seq-mean-token-mean",
             "beta": 0.0,
         },
     },
     "reinforce_pp": {
         "algorithm": {
-            "advantage": "reinforce_pp",
-            "reinforce_group_baseline": True,
+            "advantage": {"type": "reinforce_pp", "group_baseline": True},
             "loss_aggregation": "token-mean",
             "beta": 0.01,
             "kl_estimator": "k2",
@@ -72,9 +81,39 @@ def expand_preset(raw: dict[str, Any]) -> dict[str, Any]:
         return raw  # the field's own validation reports the unknown name
     expanded = dict(raw)
     for section, values in PRESETS[name].items():
-        current = expanded.get(section)
-        merged = dict(current) if isinstance(current, dict) else {}
-        for key, value in values.items():
-            merged.setdefault(key, value)
-        expanded[section] = merged
+        if section == "reward":
+            expanded[section] = _fill_reward(expanded.get(section), values)
+        else:
+            expanded[section] = _fill(expanded.get(section), values)
     return expanded
+
+
+def _fill(user: Any, preset: dict[str, Any]) -> Any:
+    """``user`` with ``preset``'s keys filled in where absent, recursively; a plug-in whose
+    ``type`` the user changed keeps only the user's options."""
+    if isinstance(user, str):  # the plug-in shorthand "name"
+        user = {"type": user}
+    if user is None:
+        user = {}
+    if not isinstance(user, dict):
+        return user  # validation reports the wrong type
+    if "type" in user and "type" in preset and user["type"] != preset["type"]:
+        return user
+    merged = dict(user)
+    for key, value in preset.items():
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(value, dict):
+            merged[key] = _fill(merged[key], value)
+    return merged
+
+
+def _fill_reward(user: Any, preset: dict[str, Any]) -> Any:
+    user = as_plugin_dict(user if user is not None else {}, ThinkAnswerTagsReward)
+    if not isinstance(user, dict):
+        return user
+    variant = _SHAPED_REWARDS.get(plugin_tag(user))
+    if variant is None:  # a user reward: the preset's shaping options do not apply
+        return user
+    applicable = {k: v for k, v in preset.items() if k in variant.model_fields}
+    return _fill(user, applicable)

@@ -39,7 +39,8 @@ def _default(field: Any) -> str:
     else:
         return "required"
     if isinstance(value, BaseModel):
-        return "(section)"
+        variant = getattr(value, "type", None)
+        return json.dumps({"type": variant}) if isinstance(variant, str) else "(section)"
     return json.dumps(value, default=str)
 
 

@@ -1,12 +1,14 @@
-"""How responses are scored."""
+"""How responses are scored: the primary reward is a discriminated union on ``type``; each
+variant holds exactly the options its reward uses, so an option that does not apply is refused."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+from zbrl.config.plugin import check_import_path, plugin_union
 
 
 class SandboxConfig(Section):
@@ -28,20 +30,19 @@ class ExtraReward(Section):
     weight: float = 1.0
     """Weight of this reward in the sum."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword options passed to the reward's constructor."""
+    """Keyword options passed to the reward's constructor (checked when the reward is built)."""
 
 
-class RewardConfig(Section):
-    """The verifiable reward."""
+class RewardBase(Section):
+    """What every reward variant has."""
 
-    type: str = "think_answer_tags"
-    """Primary reward: ``think_answer_tags``, ``boxed``, ``code`` or ``package.module:function``."""
-    format_tags: list[str] | None = None
-    """Tags the format check requires; None uses the reward type's own."""
-    correct_reward: float = 1.0
-    """Reward of a correct answer with valid format."""
-    wrong_reward: float = 0.0
-    """Reward of a wrong or unformatted answer."""
+    extra: list[ExtraReward] = Field(default_factory=list)
+    """Further rewards added with weights (format bonus, length, user functions)."""
+
+
+class LengthShapingOptions(RewardBase):
+    """DAPO's soft overlong punishment, for the rewards that apply it."""
+
     soft_overlong_punishment: bool = False
     """DAPO soft overlong punishment over the last ``cache_length`` tokens of the budget."""
     cache_length: int | None = Field(default=None, ge=1)
@@ -51,7 +52,65 @@ class RewardConfig(Section):
     truncated_penalty: float | None = None
     """Penalty added to a truncated response when shaping is on; None means ``-overlong_penalty``.
     Must be <= -overlong_penalty so truncation never beats a response just under the limit."""
-    extra: list[ExtraReward] = Field(default_factory=list)
-    """Further rewards added with weights (format bonus, length, user functions)."""
+
+
+class MathRewardOptions(LengthShapingOptions):
+    """Options shared by the math-answer rewards."""
+
+    format_tags: list[str] | None = None
+    """Tags the format check requires; None uses the reward type's own."""
+    correct_reward: float = 1.0
+    """Reward of a correct answer with valid format."""
+    wrong_reward: float = 0.0
+    """Reward of a wrong or unformatted answer."""
+    timeout_s: float = Field(default=5.0, gt=0)
+    """Deadline of one answer check (math_verify) in a killable worker; past it the answer
+    counts as wrong."""
+
+
+class ThinkAnswerTagsReward(MathRewardOptions):
+    """``<think>…</think><answer>…</answer>``, the answer compared with ``gt_answer``."""
+
+    type: Literal["think_answer_tags"] = "think_answer_tags"
+    """Reward discriminator."""
+
+
+class BoxedReward(MathRewardOptions):
+    """The last ``\\boxed{…}`` compared with ``gt_answer``."""
+
+    type: Literal["boxed"] = "boxed"
+    """Reward discriminator."""
+
+
+class CodeReward(LengthShapingOptions):
+    """The last ```` ```python ```` block run against ``test_cases`` in the local sandbox."""
+
+    type: Literal["code"] = "code"
+    """Reward discriminator."""
+    correct_reward: float = Field(default=1.0, ge=0)
+    """Reward when every test passes (with valid format); 0 otherwise."""
+    partial_credit: bool = False
+    """Give ``correct_reward`` × the fraction of tests passed instead of all-or-nothing."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    """Code sandbox limits (``code`` reward only)."""
+    """Code sandbox limits."""
+
+
+class UserReward(RewardBase):
+    """A user reward ``fn(response, example, ctx, **options)`` (or a reward class) by import
+    path."""
+
+    type: str
+    """``package.module:function`` (or ``package.module:RewardClass``)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options passed to the function on every call (or to the class)."""
+    answer_field: Literal["gt_answer", "test_cases"] = "gt_answer"
+    """The dataset field the reward scores against (checked on every line when loading)."""
+    timeout_s: float | None = Field(default=30.0, gt=0)
+    """Deadline of one call: a call that takes longer scores as failed (reward 0, with a warning
+    and the ``reward_timeouts`` metric); None runs it in-process without a deadline."""
+
+    _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
+
+
+RewardConfig = plugin_union(ThinkAnswerTagsReward, BoxedReward, CodeReward, UserReward)
+"""The primary reward: ``think_answer_tags``, ``boxed``, ``code`` or ``package.module:function``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from zbrl.config.algorithm import AlgorithmConfig
 from zbrl.config.base import Section
@@ -14,8 +14,9 @@ from zbrl.config.evaluation import EvalConfig
 from zbrl.config.launch import LaunchConfig
 from zbrl.config.logging import LoggingConfig
 from zbrl.config.model import ModelConfig
+from zbrl.config.plugin import as_plugin_dict
 from zbrl.config.presets import expand_preset
-from zbrl.config.rewards import RewardConfig
+from zbrl.config.rewards import LengthShapingOptions, RewardConfig, ThinkAnswerTagsReward
 from zbrl.config.rollout import RolloutConfig
 from zbrl.config.training import TrainingConfig
 from zbrl.config.transport import TransportConfig
@@ -32,8 +33,9 @@ class RunConfig(Section):
     """The policy model."""
     data: DataConfig = Field(default_factory=DataConfig)
     """Training prompts."""
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    """Verifiable reward."""
+    reward: RewardConfig = Field(default_factory=ThinkAnswerTagsReward)
+    """Verifiable reward (``type``: think_answer_tags, boxed, code or ``package.module:function``)
+    with its own options."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """Generation."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -54,6 +56,11 @@ class RunConfig(Section):
     def _expand_preset(cls, data: Any) -> Any:
         return expand_preset(data) if isinstance(data, dict) else data
 
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _reward_shorthand(cls, value: Any) -> Any:
+        return as_plugin_dict(value, ThinkAnswerTagsReward)
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
         for check in RUN_CHECKS:
@@ -69,7 +76,7 @@ class RunConfig(Section):
     @property
     def cache_length(self) -> int:
         budget = self.rollout.generation.max_new_tokens
-        if self.reward.cache_length is not None:
+        if isinstance(self.reward, LengthShapingOptions) and self.reward.cache_length is not None:
             return self.reward.cache_length
         return max(1, min(1024, budget // 4))
 

@@ -9,7 +9,6 @@ from zbrl.data.dataset import (
     load_examples,
 )
 from zbrl.data.prompts import (
-    DEFAULT_SYSTEM_PROMPTS,
     PromptEncoder,
     as_token_ids,
     build_messages,
@@ -19,7 +18,6 @@ from zbrl.data.sampler import ShardedSampler
 
 __all__ = [
     "ANSWER_FIELDS",
-    "DEFAULT_SYSTEM_PROMPTS",
     "ROLES",
     "DatasetError",
     "LoadReport",

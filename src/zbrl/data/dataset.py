@@ -18,30 +18,28 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from zbrl.rewards.answers import (
+    ANSWER_SPECS,
+    GT_ANSWER,
+    TEST_CASES,
+    AnswerError,
+    AnswerSpec,
+    type_name,
+)
+
 logger = logging.getLogger(__name__)
 
 AnswerField = Literal["gt_answer", "test_cases"]
-ANSWER_FIELDS: tuple[str, ...] = ("gt_answer", "test_cases")
+ANSWER_FIELDS: tuple[str, ...] = tuple(ANSWER_SPECS)
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
 JSONL_SUFFIXES: tuple[str, ...] = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES: tuple[str, ...] = (".parquet",)
-TEST_CASE_KEYS: tuple[str, ...] = ("inputs", "outputs", "fn_name")
-
-_NEEDED_BY = {
-    "gt_answer": "the math rewards (think_answer_tags, boxed) score against it",
-    "test_cases": "the code reward runs the program against it",
-}
-_ANSWER_EXAMPLE = {
-    "gt_answer": '"gt_answer": "42"',
-    "test_cases": '"test_cases": {"inputs": ["1 2\\n"], "outputs": ["3\\n"]}',
-}
 
 
 class DatasetError(ValueError):
@@ -144,7 +142,7 @@ def load_examples(
     for number, row in rows:
         source = f"{path}:{number}"
         try:
-            examples.append(_build_example(row, path, number, answer_field))
+            examples.append(_build_example(row, path, number, ANSWER_SPECS[answer_field]))
         except _RowError as exc:
             reason = str(exc)
             if not skip_bad_lines:
@@ -258,19 +256,23 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
 # Validating one row
 
 
-def _build_example(row: Any, path: Path, number: int, answer_field: str) -> PromptExample:
+def _build_example(row: Any, path: Path, number: int, answer: AnswerSpec) -> PromptExample:
     if isinstance(row, _BadLine):
         raise row.error
     if not isinstance(row, dict):
         raise _RowError(
-            f"expected a JSON object, got {_type_name(row)}",
+            f"expected a JSON object, got {type_name(row)}",
             'write one object per line, e.g. {"messages": [{"role": "user", "content": "..."}], '
-            + _ANSWER_EXAMPLE[answer_field]
+            + answer.example_json
             + "}",
         )
     messages = _parse_messages(row)
-    gt_answer = _parse_gt_answer(row) if answer_field == "gt_answer" else None
-    test_cases = _parse_test_cases(row) if answer_field == "test_cases" else None
+    try:
+        value = answer.read(row)  # the reward's own parser: one per answer field
+    except AnswerError as exc:
+        raise _RowError(exc.problem, exc.fix) from None
+    gt_answer = value if answer is GT_ANSWER else None
+    test_cases = value if answer is TEST_CASES else None
     return PromptExample(
         uid=f"{path.stem}:{number}",
         messages=messages,
@@ -293,7 +295,7 @@ def _parse_messages(row: dict[str, Any]) -> tuple[dict[str, str], ...]:
     if not isinstance(raw, list):
         raise _RowError(
             f"'messages' must be a list of {{role, content}} objects or one such object, "
-            f"got {_type_name(raw)}",
+            f"got {type_name(raw)}",
             'write "messages": [{"role": "user", "content": "<the prompt>"}]',
         )
     if not raw:
@@ -314,7 +316,7 @@ def _parse_message(index: int, message: Any) -> dict[str, str]:
     where = f"message {index}"
     if not isinstance(message, dict):
         raise _RowError(
-            f"{where} must be an object with 'role' and 'content', got {_type_name(message)}",
+            f"{where} must be an object with 'role' and 'content', got {type_name(message)}",
             'write each message as {"role": "user", "content": "..."}',
         )
     role = message.get("role")
@@ -336,7 +338,7 @@ def _parse_message(index: int, message: Any) -> dict[str, str]:
         )
     if not isinstance(content, str):
         raise _RowError(
-            f"content of {where} ({role}) must be a string, got {_type_name(content)}",
+            f"content of {where} ({role}) must be a string, got {type_name(content)}",
             "give the content as one string (lists of content parts are not supported; "
             "join the text parts)",
         )
@@ -346,112 +348,6 @@ def _parse_message(index: int, message: Any) -> dict[str, str]:
             "give the message some text, or remove it",
         )
     return {"role": role, "content": content}
-
-
-def _missing_answer(name: str) -> _RowError:
-    other = "test_cases" if name == "gt_answer" else "gt_answer"
-    return _RowError(
-        f"'{name}' is missing; {_NEEDED_BY[name]}",
-        f"add {_ANSWER_EXAMPLE[name]} to every line, or choose a reward that uses '{other}'",
-    )
-
-
-def _parse_gt_answer(row: dict[str, Any]) -> str:
-    value = row.get("gt_answer")
-    if value is None:
-        raise _missing_answer("gt_answer")
-    if isinstance(value, bool):
-        raise _RowError(
-            f"'gt_answer' must be a string or a number, got a boolean ({value})",
-            'write the answer as a string, e.g. "gt_answer": "True"',
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _RowError(
-            f"'gt_answer' is not a finite number ({value})",
-            "write the answer as a string",
-        )
-    if isinstance(value, (int, float)):
-        return str(value)
-    if not isinstance(value, str):
-        raise _RowError(
-            f"'gt_answer' must be a string or a number, got {_type_name(value)}",
-            'write the final answer as one string, e.g. "gt_answer": "\\\\frac{1}{2}"',
-        )
-    if not value.strip():
-        raise _RowError(
-            "'gt_answer' is empty",
-            'give the reference final answer (a string such as "42")',
-        )
-    return value
-
-
-def _parse_test_cases(row: dict[str, Any]) -> dict[str, Any]:
-    value = row.get("test_cases")
-    if value is None:
-        raise _missing_answer("test_cases")
-    fix = 'write "test_cases": {"inputs": ["<stdin>", ...], "outputs": ["<stdout>", ...]}'
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise _RowError(
-                f"'test_cases' is a string but not valid JSON ({exc.msg} at column {exc.colno})",
-                fix + " as an object or as a JSON string of that object",
-            ) from None
-    if not isinstance(value, dict):
-        raise _RowError(f"'test_cases' must be an object, got {_type_name(value)}", fix)
-    unknown = sorted(str(k) for k in value if k not in TEST_CASE_KEYS)
-    if unknown:
-        raise _RowError(
-            f"'test_cases' has unknown key(s) {', '.join(map(repr, unknown))}",
-            f"use only {', '.join(TEST_CASE_KEYS)}",
-        )
-    cases: dict[str, Any] = {}
-    for key in ("inputs", "outputs"):
-        items = value.get(key)
-        if items is None:
-            raise _RowError(f"'test_cases' has no '{key}' list", fix)
-        if not isinstance(items, list):
-            raise _RowError(
-                f"'test_cases.{key}' must be a list of strings, got {_type_name(items)}", fix
-            )
-        for i, item in enumerate(items):
-            if not isinstance(item, str):
-                raise _RowError(
-                    f"'test_cases.{key}[{i}]' must be a string, got {_type_name(item)}",
-                    "write every input and expected output as a string (e.g. json.dumps "
-                    "non-string values)",
-                )
-        cases[key] = list(items)
-    if not cases["inputs"]:
-        raise _RowError("'test_cases.inputs' is empty", "give at least one test case")
-    if len(cases["inputs"]) != len(cases["outputs"]):
-        raise _RowError(
-            f"'test_cases.inputs' has {len(cases['inputs'])} items but 'test_cases.outputs' has "
-            f"{len(cases['outputs'])}",
-            "give exactly one expected output per input",
-        )
-    fn_name = value.get("fn_name")
-    if fn_name is not None:
-        if not isinstance(fn_name, str) or not fn_name.strip():
-            raise _RowError(
-                f"'test_cases.fn_name' must be a non-empty string, got {fn_name!r}",
-                "give the name of the function to call, or leave fn_name out for stdin/stdout "
-                "programs",
-            )
-        cases["fn_name"] = fn_name
-    return cases
-
-
-def _type_name(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
-    if value is None:
-        return "null"
-    if type(value) in names:
-        return names[type(value)]
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    return type(value).__name__
 
 
 def _format_reasons(skipped: list[tuple[str, str]], limit: int) -> str:

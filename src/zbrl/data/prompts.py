@@ -1,8 +1,8 @@
 """Prompt templates and prompt encoding.
 
-:data:`DEFAULT_SYSTEM_PROMPTS` holds one system prompt per reward type, telling the model the
-answer format that reward checks. :class:`PromptEncoder` turns a dataset example into prompt token
-ids with the tokenizer's chat template (plus the generation prompt) and applies the over-long
+Each reward class carries its own default system prompt (``system_prompt``), telling the model
+the answer format that reward checks. :class:`PromptEncoder` turns a dataset example into prompt
+token ids with the tokenizer's chat template (plus the generation prompt) and applies the over-long
 policy: drop the prompt, or keep its **last** ``max_prompt_tokens`` ids so that the generation
 prompt survives. Prompts are never right-truncated.
 """
@@ -20,37 +20,16 @@ logger = logging.getLogger(__name__)
 Overlong = Literal["drop", "left_truncate"]
 OVERLONG_POLICIES: tuple[str, ...] = ("drop", "left_truncate")
 
-DEFAULT_SYSTEM_PROMPTS: dict[str, str] = {
-    "think_answer_tags": (
-        "You are a careful problem solver. First reason about the problem step by step inside "
-        "<think> </think> tags. Then write only the final answer inside <answer> </answer> tags. "
-        "Use each tag exactly once and write nothing after </answer>. "
-        "Format: <think> your reasoning </think><answer> final answer </answer>"
-    ),
-    "boxed": (
-        "You are a careful problem solver. Reason about the problem step by step, then give the "
-        "final answer in LaTeX inside \\boxed{}, for example \\boxed{42}. "
-        "Put only the final answer in the box, and box exactly one answer."
-    ),
-    "code": (
-        "You are an expert Python programmer. Solve the problem with a complete Python 3 program. "
-        "Unless the problem names a function to write, read the input from standard input and "
-        "print the answer to standard output. Put the whole solution in one ```python code block "
-        "at the end of your reply."
-    ),
-}
-"""System prompt per reward type (keys are reward names), matching the format each reward checks."""
 
+def resolve_system_prompt(system_prompt: str | None, default: str | None) -> str | None:
+    """The system prompt to use: the configured one, else the reward's ``default``.
 
-def resolve_system_prompt(system_prompt: str | None, reward_type: str) -> str | None:
-    """The system prompt to use: the configured one, else the reward type's default.
-
-    None picks :data:`DEFAULT_SYSTEM_PROMPTS` for ``reward_type`` (None for a reward type without
-    a default, e.g. a user reward given by import path). An empty string means "no system prompt".
+    ``default`` is the reward's own ``system_prompt`` (the format it checks; None for a user reward
+    given by import path). An empty configured string means "no system prompt".
     """
     if system_prompt is not None:
         return system_prompt if system_prompt.strip() else None
-    return DEFAULT_SYSTEM_PROMPTS.get(reward_type)
+    return default
 
 
 def _messages_of(example: PromptExample | Mapping[str, Any]) -> Sequence[Mapping[str, str]]:

@@ -16,6 +16,26 @@ def _named(spec: str) -> tuple[str, str]:
     return (name, path) if sep else (Path(spec).stem, spec)
 
 
+EVAL_FLAGS = {
+    "reward": "reward.type",
+    "n": "eval.num_samples",
+    "temperature": "eval.temperature",
+    "max_new_tokens": "eval.max_new_tokens",
+    "max_prompts": "eval.max_prompts",
+    "batch_size": "eval.batch_size",
+}
+"""Command-line flag → the config field it sets; a flag left out keeps the config's value."""
+
+
+def eval_overrides(args: argparse.Namespace) -> list[str]:
+    """Dotted overrides for the flags that were given (the defaults live in the config)."""
+    return [
+        f"{field}={getattr(args, flag)}"
+        for flag, field in EVAL_FLAGS.items()
+        if getattr(args, flag) is not None
+    ]
+
+
 def run_eval_command(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
@@ -30,16 +50,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"--model {model_dir}: not a model directory (no config.json)")
-    cfg = load_config(
-        None,
-        [
-            f"reward.type={args.reward}",
-            f"eval.num_samples={args.n}",
-            f"eval.temperature={args.temperature}",
-            f"eval.max_new_tokens={args.max_new_tokens}",
-            f"eval.batch_size={args.batch_size}",
-        ],
-    )
+    cfg = load_config(args.recipe, eval_overrides(args))
     backend = build_backend(cfg, model_dir, model_dir)
     reward = build_reward_fn(cfg)
     params = eval_sampling_params(cfg)
@@ -48,7 +59,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     for spec in args.data:
         name, path = _named(spec)
-        prompts, _ = encode_prompts(path, cfg, backend.tokenizer, limit=args.max_prompts)
+        prompts, _ = encode_prompts(path, cfg, backend.tokenizer, limit=cfg.eval.max_prompts)
         start = time.time()
         with tqdm(total=len(prompts), desc=f"eval {name}", unit="prompt") as bar:
             metrics, records = evaluate_set(
@@ -56,7 +67,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
                 reward,
                 EvalSet(name, prompts),
                 params,
-                batch_size=args.batch_size,
+                batch_size=cfg.eval.batch_size,
                 on_batch=bar.update,
             )
         rows.append((name, metrics, time.time() - start))

@@ -20,7 +20,9 @@ from zbrl.rewards.math_reward import MathAnswerReward
 from zbrl.rewards.registry import (
     REWARDS,
     FunctionReward,
+    UserRewardError,
     build_reward,
+    build_user_reward,
     known_rewards,
     register_reward,
 )
@@ -40,8 +42,10 @@ __all__ = [
     "RewardFunction",
     "RewardResult",
     "ThinkAnswerReward",
+    "UserRewardError",
     "answers_equivalent",
     "build_reward",
+    "build_user_reward",
     "known_rewards",
     "register_reward",
     "run_with_deadline",

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from zbrl.rewards.answers import GT_ANSWER, AnswerSpec
+
 
 @dataclass(frozen=True)
 class RewardContext:
@@ -66,6 +68,10 @@ class BaseReward:
     """Convenience base class: subclasses implement ``score``; ``score_batch`` loops."""
 
     name: str = "base"
+    answer: AnswerSpec = GT_ANSWER
+    """The dataset field this reward scores against (checked on every line at load time)."""
+    system_prompt: str | None = None
+    """The default system prompt telling the model the format this reward checks (None: none)."""
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
         raise NotImplementedError

@@ -43,6 +43,12 @@ class BoxedReward(MathAnswerReward):
     """Reward for a final answer in ``\\boxed{}``, checked against ``gt_answer``."""
 
     name = "boxed"
+    system_prompt = (
+        "You are a careful problem solver. Reason about the problem step by step, then give the "
+        "final answer in LaTeX inside \\boxed{}, for example \\boxed{42}. "
+        "Put only the final answer in the box, and box exactly one answer."
+    )
+    """The default system prompt: the format this reward checks."""
 
     def __init__(
         self,

@@ -17,12 +17,12 @@ line, one argument each) and every output is the JSON of the expected return val
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zbrl.rewards.answers import TEST_CASES, AnswerError
 from zbrl.rewards.base import (
     BaseReward,
     Example,
@@ -36,13 +36,11 @@ from zbrl.rewards.sandbox import (
     ProgramResult,
     SandboxLimits,
     TestCase,
-    parse_call_args,
     run_programs,
 )
 
 FENCE = "```python"
 CLOSE = "```"
-TEST_CASE_KEYS = ("inputs", "outputs", "fn_name")
 
 
 @dataclass(frozen=True)
@@ -81,84 +79,20 @@ class CodeTests:
 
 
 def parse_test_cases(example: Example) -> CodeTests:
-    """Read and check ``example["test_cases"]``; errors name the field and the fix."""
-    if "test_cases" not in example or example["test_cases"] is None:
+    """Read and check ``example["test_cases"]`` with the one ``test_cases`` parser
+    (:func:`zbrl.rewards.answers.parse_test_cases`, the same the dataset loader uses)."""
+    value = example.get("test_cases") if isinstance(example, Mapping) else None
+    if value is None:
         raise ValueError(
             "code reward: the example has no 'test_cases' field; add "
             '"test_cases": {"inputs": ["1 2\\n"], "outputs": ["3\\n"]} (see docs/datasets.md)'
         )
-    raw = example["test_cases"]
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise ValueError(
-                f"code reward: 'test_cases' is a string but not valid JSON ({exc}); give an "
-                "object with 'inputs', 'outputs' and optional 'fn_name', or its JSON text"
-            ) from None
-    if not isinstance(raw, Mapping):
-        raise ValueError(
-            f"code reward: 'test_cases' must be an object with 'inputs' and 'outputs', "
-            f"got {type(raw).__name__}"
-        )
-    unknown = sorted(str(k) for k in raw if k not in TEST_CASE_KEYS)
-    if unknown:
-        raise ValueError(
-            f"code reward: 'test_cases' has unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"use only {', '.join(TEST_CASE_KEYS)}"
-        )
-    columns = {key: _string_list(raw, key) for key in ("inputs", "outputs")}
-    inputs, outputs = columns["inputs"], columns["outputs"]
-    if not inputs:
-        raise ValueError("code reward: 'test_cases.inputs' is empty; give at least one test case")
-    if len(inputs) != len(outputs):
-        raise ValueError(
-            f"code reward: 'test_cases.inputs' has {len(inputs)} items but "
-            f"'test_cases.outputs' has {len(outputs)}; give one expected output per input"
-        )
-    fn_name = raw.get("fn_name")  # absent and null both mean stdin/stdout
-    if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
-        raise ValueError(
-            f"code reward: 'test_cases.fn_name' must be a function name, got {fn_name!r}; "
-            "leave it out (or null) for stdin/stdout programs"
-        )
-    if fn_name is not None:
-        for i, test_input in enumerate(inputs):
-            try:
-                parse_call_args(test_input)
-            except ValueError as exc:
-                raise ValueError(f"code reward: 'test_cases.inputs[{i}]': {exc}") from None
-        for i, output in enumerate(outputs):
-            try:
-                json.loads(output)
-            except ValueError:
-                raise ValueError(
-                    f"code reward: 'test_cases.outputs[{i}]' is not JSON ({output[:60]!r}); with "
-                    "'fn_name' each output is the JSON of the return value, e.g. '6' or "
-                    "'\"abc\"'"
-                ) from None
-    tests = [TestCase(input=i, expected=o) for i, o in zip(inputs, outputs)]
-    return CodeTests(tests=tests, fn_name=fn_name)
-
-
-def _string_list(raw: Mapping[str, Any], key: str) -> list[str]:
-    if key not in raw:
-        raise ValueError(
-            f"code reward: 'test_cases' has no '{key}' list; write "
-            '{"inputs": ["<stdin>", ...], "outputs": ["<stdout>", ...]}'
-        )
-    items = raw[key]
-    if not isinstance(items, list):
-        raise ValueError(
-            f"code reward: 'test_cases.{key}' must be a list of strings, got {type(items).__name__}"
-        )
-    for i, item in enumerate(items):
-        if not isinstance(item, str):
-            raise ValueError(
-                f"code reward: 'test_cases.{key}[{i}]' must be a string, got "
-                f"{type(item).__name__}; json.dumps non-string values"
-            )
-    return items
+    try:
+        cases = TEST_CASES.parse(value)
+    except AnswerError as exc:
+        raise ValueError(f"code reward: {exc}") from None
+    tests = [TestCase(input=i, expected=o) for i, o in zip(cases["inputs"], cases["outputs"])]
+    return CodeTests(tests=tests, fn_name=cases.get("fn_name"))
 
 
 @register_reward("code")
@@ -178,6 +112,15 @@ class CodeReward(BaseReward):
     """
 
     name = "code"
+    answer = TEST_CASES
+    """Scores against ``test_cases``."""
+    system_prompt = (
+        "You are an expert Python programmer. Solve the problem with a complete Python 3 program. "
+        "Unless the problem names a function to write, read the input from standard input and "
+        "print the answer to standard output. Put the whole solution in one ```python code block "
+        "at the end of your reply."
+    )
+    """The default system prompt: the format this reward checks."""
 
     def __init__(
         self,

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
+import traceback
 from collections.abc import Callable, Mapping
 from numbers import Real
 from typing import Any, TypeVar
@@ -26,6 +28,8 @@ from zbrl.registry import Registry, import_object
 from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardFunction, RewardResult
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+logger = logging.getLogger(__name__)
 
 REWARDS: Registry[Callable[..., RewardFunction]] = Registry("reward")
 """Registered reward classes/factories; ``factory(**options)`` returns a RewardFunction."""
@@ -66,10 +70,22 @@ def build_reward(name_or_path: str, **options: Any) -> RewardFunction:
         )
     if ":" in name_or_path:
         return _build_from_path(name_or_path, options)
-    return _instantiate(name_or_path, _lookup(name_or_path), options)
+    return _instantiate(name_or_path, lookup_reward(name_or_path), options)
 
 
-def _lookup(name: str) -> Callable[..., RewardFunction]:
+def build_user_reward(
+    path: str, options: Mapping[str, Any], *, timeout_s: float | None
+) -> RewardFunction:
+    """A user reward by import path: a function gets ``options`` on every call and runs under
+    ``timeout_s`` (see :class:`FunctionReward`); a reward class is built with ``options``."""
+    obj = import_object(path, "reward")
+    if callable(obj) and not isinstance(obj, type) and not isinstance(obj, RewardFunction):
+        return FunctionReward(obj, path, options, timeout_s=timeout_s)
+    return _build_from_path(path, options)
+
+
+def lookup_reward(name: str) -> Callable[..., RewardFunction]:
+    """The registered reward class or factory ``name`` (built-ins imported on first use)."""
     if name not in REWARDS and name in LAZY_REWARDS:
         importlib.import_module(LAZY_REWARDS[name])
     if name not in REWARDS:
@@ -134,20 +150,81 @@ def _check_options(
         ) from None
 
 
+class UserRewardError(RuntimeError):
+    """A user reward raised; the message carries the user's own traceback (file and line)."""
+
+
 class FunctionReward(BaseReward):
     """A user function ``fn(response, example, ctx, **options)`` as a RewardFunction.
 
-    Return values are normalised by :func:`to_reward_result`.
+    Return values are normalised by :func:`to_reward_result`. An exception from the function is
+    re-raised as :class:`UserRewardError` whose message ends with the function's traceback.
+
+    With ``timeout_s`` every call runs in a worker process that is killed when the deadline passes
+    (:mod:`zbrl.rewards.deadline`, as for the math rewards): a call that misses it scores as failed
+    (reward 0.0, accuracies 0.0, ``metadata["timed_out"] = True``), with a warning; the count is
+    :attr:`timeouts`. The function must then be importable by its path (it is, when it came from
+    one). ``timeout_s=None`` calls it in-process without a deadline.
     """
 
-    def __init__(self, fn: Callable[..., Any], path: str, options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        path: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ):
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"reward {path!r}: timeout_s must be > 0 or None, got {timeout_s}")
         self.fn = fn
         self.name = path
         self.options = dict(options or {})
+        self.timeout_s = timeout_s
+        self.timeouts = 0
+        self._pool = None
         _check_options(path, fn, self.options, leading=3)
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return to_reward_result(self.fn(response, example, ctx, **self.options), self.name)
+        args = (self.fn, self.name, response, example, ctx, self.options)
+        if self.timeout_s is None:
+            return to_reward_result(call_user_reward(*args), self.name)
+        from zbrl.rewards.deadline import DeadlineExceeded, DeadlinePool
+
+        if self._pool is None:
+            self._pool = DeadlinePool(max_workers=1, preload=())
+        try:
+            value = self._pool.run(call_user_reward, args, self.timeout_s)
+        except DeadlineExceeded:
+            self.timeouts += 1
+            logger.warning(
+                "reward %s did not return within %.1f s (reward.timeout_s); scored as failed "
+                "(%d time(s) so far)",
+                self.name,
+                self.timeout_s,
+                self.timeouts,
+            )
+            return RewardResult(0.0, 0.0, 0.0, metadata={"timed_out": True})
+        return to_reward_result(value, self.name)
+
+
+def call_user_reward(
+    fn: Callable[..., Any],
+    label: str,
+    response: str,
+    example: Example,
+    ctx: RewardContext,
+    options: Mapping[str, Any],
+) -> Any:
+    """``fn(response, example, ctx, **options)``; an exception becomes a :class:`UserRewardError`
+    carrying the user's traceback as text (tracebacks do not survive a process boundary)."""
+    try:
+        return fn(response, example, ctx, **options)
+    except Exception as exc:
+        trace = traceback.format_exc().rstrip()
+        raise UserRewardError(
+            f"reward {label!r} raised {type(exc).__name__}: {exc}\n{trace}"
+        ) from exc
 
 
 def to_reward_result(value: object, label: str) -> RewardResult:

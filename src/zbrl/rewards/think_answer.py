@@ -29,6 +29,13 @@ class ThinkAnswerReward(MathAnswerReward):
     """
 
     name = "think_answer_tags"
+    system_prompt = (
+        "You are a careful problem solver. First reason about the problem step by step inside "
+        "<think> </think> tags. Then write only the final answer inside <answer> </answer> tags. "
+        "Use each tag exactly once and write nothing after </answer>. "
+        "Format: <think> your reasoning </think><answer> final answer </answer>"
+    )
+    """The default system prompt: the format this reward checks."""
 
     def __init__(
         self,

@@ -15,3 +15,16 @@ class InjectedFault(RuntimeError):
 
 def failing_reward(response: str, example: Any, ctx: Any) -> float:
     raise InjectedFault("injected producer failure (zbrl.testing.faults:failing_reward)")
+
+
+def sleeping_reward(response: str, example: Any, ctx: Any, *, sleep_s: float = 3600.0) -> float:
+    """A reward that hangs (``sleep_s``), for testing the user-reward deadline."""
+    import time
+
+    time.sleep(sleep_s)
+    return 1.0
+
+
+def options_reward(response: str, example: Any, ctx: Any, *, bonus: float = 0.0) -> float:
+    """A reward whose value is its ``bonus`` option, for testing that options reach the user."""
+    return bonus
