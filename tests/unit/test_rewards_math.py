@@ -407,6 +407,8 @@ def test_unsafe_reason():
     assert "exponent inside an exponent" in unsafe_reason("9^{9^{9}}")
     assert "exponent inside an exponent" in unsafe_reason("2**2**2")
     assert "exponent inside an exponent" in unsafe_reason("2^2^2")
+    for gap in ("\t", "\n", " \t\n "):  # any whitespace after ^, not only spaces
+        assert "exponent inside an exponent" in unsafe_reason(f"9^{gap}{{9^{gap}{{9}}}}")
     assert "more than 4 digits" in unsafe_reason("2^{123456}")
     assert "factorial" in unsafe_reason("1000000!")
     assert "nested deeper" in unsafe_reason("(" * 9 + ")" * 9)

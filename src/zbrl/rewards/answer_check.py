@@ -170,7 +170,7 @@ def unsafe_reason(text: str) -> str | None:
 def _exponent_operand(text: str, start: int) -> tuple[str, str]:
     """Split ``text[start:]`` into the exponent operand (a group or a token) and the rest."""
     i = start
-    while i < len(text) and text[i] == " ":
+    while i < len(text) and text[i].isspace():
         i += 1
     if i < len(text) and text[i] in _OPEN:
         depth = 0
