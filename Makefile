@@ -29,7 +29,7 @@ format: setup
 	$(BIN)/ruff format src tests bench
 
 demo: setup
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/zbrl demo
+	$(BIN)/zbrl demo
 
 bench: setup
 	$(BIN)/python bench/sync_vs_async.py

@@ -1,19 +1,53 @@
-"""Starting Ray: a local cluster on loopback only (DESIGN §5), or an existing cluster."""
+"""Starting Ray: a local cluster on loopback only (DESIGN §5), or an existing cluster.
+
+A local Ray binds every listening socket (GCS, raylet node manager and object manager, runtime-env
+agent, the gRPC server of the driver and of every worker) to the node IP address it was started
+with, but ``ray.init(_node_ip_address="127.0.0.1")`` replaces a loopback address by the machine's
+external one unless ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is false. Ray sets that
+constant from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when ``ray`` is first imported, so setting the
+variable later (or not at all) is not enough: :func:`loopback_only` sets both, whatever imported
+``ray`` first, and puts them back after ``ray.init``. The processes Ray starts get their node IP
+address on their command line and the variable through the environment they inherit.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 
 from zbrl.config import RunConfig
+from zbrl.errors import RunError
 
 LOOPBACK = "127.0.0.1"
+# Read by Ray: the first at import (ray_constants.ENABLE_RAY_CLUSTER), the second by ray.init.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def loopback_env() -> None:
-    """Environment that keeps a local Ray on 127.0.0.1 (must be set before ``ray.init``)."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """While inside: a local ``ray.init`` keeps 127.0.0.1 as the node IP address (see above).
+
+    Afterwards the environment and Ray's constant are as the process had them, so a later
+    ``ray.init(address=...)`` to a cluster in the same process behaves as without zbrl.
+    """
+    saved = {key: os.environ.get(key) for key in LOOPBACK_ENV}
+    os.environ.update(LOOPBACK_ENV)
+    from ray._private import ray_constants  # a first import here reads the variable just set
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # ray may have been imported before, with it unset
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(
+            ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX
+        )
 
 
 def required_cpus(cfg: RunConfig) -> float:
@@ -23,24 +57,37 @@ def required_cpus(cfg: RunConfig) -> float:
 
 def init_ray(cfg: RunConfig) -> bool:
     """Start or connect to Ray; returns True when this call started it (and must shut it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
     address = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address:  # a cluster: its own addresses and ports, nothing forced here
+        import ray
+
+        if ray.is_initialized():
+            return False
         ray.init(address=address, log_to_driver=True)
         return True
-    loopback_env()
     cpus = max(2, math.ceil(required_cpus(cfg)) + 1)
-    ray.init(
-        num_cpus=cpus,
-        num_gpus=0 if not _has_cuda() else None,
-        _node_ip_address=LOOPBACK,
-        include_dashboard=False,
-        log_to_driver=True,
-        logging_level="WARNING",
-    )
+    num_gpus = 0 if not _has_cuda() else None
+    with loopback_only():
+        import ray
+
+        if ray.is_initialized():
+            return False
+        ray.init(
+            num_cpus=cpus,
+            num_gpus=num_gpus,
+            _node_ip_address=LOOPBACK,
+            include_dashboard=False,
+            dashboard_host=LOOPBACK,
+            log_to_driver=True,
+            logging_level="WARNING",
+        )
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != LOOPBACK:
+        ray.shutdown()
+        raise RunError(
+            f"the local Ray started on {node_ip} instead of {LOOPBACK}; a local run listens on "
+            "loopback only (docs/cluster.md)"
+        )
     return True
 
 
