@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.monitor import RunMonitor
 from zbrl.launch.ray_setup import init_ray
+from zbrl.launch.run_dir import claim_run_dir
 from zbrl.telemetry.idle import percentile
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
 from zbrl.transport.handles import RayHandle
@@ -46,12 +48,18 @@ class Workers:
 
 
 def run_training(cfg: RunConfig) -> dict[str, Any]:
-    """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json)."""
+    """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json) and
+    ``run_dir``, the directory used (a fresh one when the configured one holds a finished run)."""
     from zbrl.assembly.models import quiet_transformers
 
     quiet_transformers()
-    run_dir = prepare_run_dir(cfg)
-    print(f"[zbrl] run dir: {run_dir}", flush=True)
+    with prepare_run_dir(cfg) as run_dir:
+        print(f"[zbrl] run dir: {run_dir}", flush=True)
+        summary = _train(cfg, run_dir)
+    return {**summary, "run_dir": str(run_dir)}
+
+
+def _train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     artifacts = prepare_artifacts(cfg)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts)
     total_steps = planned_steps(cfg, len(train_prompts))
@@ -69,14 +77,17 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
         shutdown(workers, started_ray)
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path:
-    run_dir = Path(cfg.run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = run_dir.with_name(f"{run_dir.name}-{stamp}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(resolved_yaml(cfg))
-    return run_dir
+@contextlib.contextmanager
+def prepare_run_dir(cfg: RunConfig) -> Iterator[Path]:
+    """The run's directory with its resolved config.yaml, locked while inside (see run_dir.py):
+    ``cfg.run_dir``, or a fresh sibling when that holds a finished run; RunDirInUse when a live
+    run holds it."""
+    run_dir, lock = claim_run_dir(Path(cfg.run_dir))
+    try:
+        (run_dir / "config.yaml").write_text(resolved_yaml(cfg))
+        yield run_dir
+    finally:
+        lock.release()
 
 
 def encode_datasets(

@@ -1,0 +1,115 @@
+"""A run's directory: one run at a time in it.
+
+A run holds an exclusive ``flock`` on ``RUN_DIR/.zbrl-run.lock`` for its whole life (the kernel
+drops it when the process ends, however it ends). A second run configured with the same directory
+is refused while the first holds it. A configured directory that holds a finished run is left as
+it is and the run gets a fresh sibling, ``NAME-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when that
+name is taken), created with an exclusive ``mkdir`` so two runs never get the same one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from zbrl.errors import RunError
+
+LOCK_FILE = ".zbrl-run.lock"
+MAX_FALLBACKS = 1000
+
+
+class RunDirInUse(RunError):
+    """Another run holds the run directory."""
+
+
+class RunDirLock:
+    """An open, locked lock file; :meth:`release` unlocks and closes it (the file stays)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the only descriptor of the open file drops the flock
+
+
+def try_lock(run_dir: Path, shared: bool = False) -> RunDirLock | None:
+    """Lock ``run_dir`` (exclusively, or shared to test that no run holds it) without waiting;
+    None when another process (or another open of the file in this one) holds it."""
+    # O_CLOEXEC: processes this one starts (Ray's raylet and workers) must not keep the lock
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    if not shared:  # for people and for the refusal message: who holds it
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    return RunDirLock(run_dir / LOCK_FILE, fd)
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` has anything in it besides the lock file."""
+    return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+
+
+def claim_run_dir(configured: Path, now: float | None = None) -> tuple[Path, RunDirLock]:
+    """The directory this run uses (``configured`` or a fresh sibling) and the lock held on it.
+
+    Raises RunDirInUse when a live run holds ``configured``. ``now`` (seconds since the epoch) is
+    the time used in a fallback name; the current time when None.
+    """
+    configured.parent.mkdir(parents=True, exist_ok=True)
+    if not holds_a_run(configured):
+        configured.mkdir(exist_ok=True)
+        lock = try_lock(configured)
+        if lock is None:
+            raise RunDirInUse(_in_use_message(configured))
+        if not holds_a_run(configured):
+            return configured, lock
+        lock.release()  # a run claimed, filled and left it between the two checks
+    probe = try_lock(configured, shared=True)
+    if probe is None:
+        raise RunDirInUse(_in_use_message(configured))
+    probe.release()
+    return _claim_fallback(configured, now)
+
+
+def _claim_fallback(configured: Path, now: float | None) -> tuple[Path, RunDirLock]:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = f"{configured.name}-{stamp}"
+    for n in range(1, MAX_FALLBACKS + 1):
+        path = configured.with_name(base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir(exist_ok=False)  # atomic: exactly one run creates a given name
+        except FileExistsError:
+            continue
+        lock = try_lock(path)
+        if lock is not None:  # None only if a run configured with exactly this name got it
+            return path, lock
+    raise RunError(
+        f"run dir {configured} holds a finished run and {MAX_FALLBACKS} names {base}[-N] are "
+        "taken; set another logging.run_dir or name"
+    )
+
+
+def _in_use_message(run_dir: Path) -> str:
+    try:
+        pid = (run_dir / LOCK_FILE).read_text().strip()
+    except OSError:
+        pid = ""
+    holder = f" (process {pid})" if pid.isdigit() else ""
+    return (
+        f"run dir {run_dir} is in use by another run{holder}, which holds {run_dir / LOCK_FILE}; "
+        "give this run another directory (name=OTHER or logging.run_dir=PATH) or wait until that "
+        "run has ended"
+    )
