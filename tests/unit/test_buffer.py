@@ -1,11 +1,14 @@
+import copy
+import pickle
 import random
 import threading
 
 import pytest
 import torch
+from role_settings import buffer_settings
 
-from zbrl.transport.buffer import BufferSettings, RolloutBuffer
-from zbrl.types import RolloutGroup
+from zbrl.transport.buffer import RolloutBuffer
+from zbrl.types import Reservation, RolloutGroup
 
 
 def make_group(ticket, version, ans_acc=(0.0, 1.0), truncated=None, producer=0):
@@ -31,7 +34,7 @@ def simulate(seed, *, staleness, producers=3, batch=4, filter_range=None, steps=
     (step trained at, version generated with)."""
     rng = random.Random(seed)
     buf = RolloutBuffer(
-        BufferSettings(
+        buffer_settings(
             groups_per_step=batch,
             max_staleness=staleness,
             num_producers=producers,
@@ -89,7 +92,7 @@ def test_staleness_bound_holds_with_filtering(seed):
 
 
 def test_admission_capacity_rule():
-    buf = RolloutBuffer(BufferSettings(groups_per_step=4, max_staleness=1, num_producers=1))
+    buf = RolloutBuffer(buffer_settings(groups_per_step=4, max_staleness=1, num_producers=1))
     res = buf.reserve(0, 100, timeout=0)
     assert len(res.tickets) == 8  # (version 0 + 1 + 1) * 4
     assert buf.reserve(0, 1, timeout=0).tickets == []  # full: producer must wait
@@ -105,7 +108,7 @@ def test_admission_capacity_rule():
 
 def test_filtered_groups_free_their_slots_and_are_counted():
     buf = RolloutBuffer(
-        BufferSettings(
+        buffer_settings(
             groups_per_step=2, max_staleness=0, num_producers=1, filter_range=(0.01, 0.99)
         )
     )
@@ -124,7 +127,7 @@ def test_filtered_groups_free_their_slots_and_are_counted():
 
 
 def test_take_waits_for_ticket_order():
-    buf = RolloutBuffer(BufferSettings(groups_per_step=2, max_staleness=0, num_producers=2))
+    buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=2))
     a = buf.reserve(0, 1, timeout=0)
     b = buf.reserve(1, 1, timeout=0)
     buf.put([make_group(b.tickets[0], 0, producer=1)])
@@ -136,7 +139,7 @@ def test_take_waits_for_ticket_order():
 
 
 def test_end_of_data_returns_partial_batch_then_end():
-    buf = RolloutBuffer(BufferSettings(groups_per_step=4, max_staleness=0, num_producers=1))
+    buf = RolloutBuffer(buffer_settings(groups_per_step=4, max_staleness=0, num_producers=1))
     res = buf.reserve(0, 4, timeout=0)
     buf.put([make_group(t, 0) for t in res.tickets[:3]])
     buf.release(res.tickets[3:])
@@ -149,7 +152,7 @@ def test_end_of_data_returns_partial_batch_then_end():
 
 
 def test_close_wakes_blocked_producer():
-    buf = RolloutBuffer(BufferSettings(groups_per_step=1, max_staleness=0, num_producers=1))
+    buf = RolloutBuffer(buffer_settings(groups_per_step=1, max_staleness=0, num_producers=1))
     buf.reserve(0, 1, timeout=0)
     result = {}
 
@@ -164,13 +167,13 @@ def test_close_wakes_blocked_producer():
 
 
 def test_unknown_ticket_is_rejected():
-    buf = RolloutBuffer(BufferSettings(groups_per_step=1, max_staleness=0, num_producers=1))
+    buf = RolloutBuffer(buffer_settings(groups_per_step=1, max_staleness=0, num_producers=1))
     with pytest.raises(ValueError, match="unknown or used ticket"):
         buf.put([make_group(5, 0)])
 
 
 def test_stale_group_is_dropped_at_take():
-    buf = RolloutBuffer(BufferSettings(groups_per_step=1, max_staleness=0, num_producers=1))
+    buf = RolloutBuffer(buffer_settings(groups_per_step=1, max_staleness=0, num_producers=1))
     res = buf.reserve(0, 1, timeout=0)
     buf.advance_version(3)  # simulate a misbehaving producer that ignored min_version
     buf.put([make_group(res.tickets[0], 0)])
@@ -180,8 +183,6 @@ def test_stale_group_is_dropped_at_take():
 
 
 def test_rollout_group_pickles_to_flat_tensors_and_back():
-    import pickle
-
     group = make_group(3, 1, ans_acc=(0.0, 1.0, 1.0))
     group.response_ids = [
         torch.tensor([5]),
@@ -198,3 +199,77 @@ def test_rollout_group_pickles_to_flat_tensors_and_back():
     assert [t.tolist() for t in back.behaviour_logprobs] == [[-0.5], [], [-1.0, -2.0, -3.0]]
     assert back.response_ids[2].dtype == torch.long and back.ans_acc == group.ans_acc
     assert back.response_lengths == [1, 0, 3]
+
+
+def drive(buf, rng, pending, ops):
+    """Random producer/consumer calls on ``buf`` (two producers, batch 2); a log of results."""
+    log = []
+    for _ in range(ops):
+        action, p = rng.random(), rng.randrange(2)
+        if action < 0.3:
+            res = buf.reserve(p, rng.randint(1, 3), timeout=0)
+            log.append(("reserve", p, res.tickets, res.min_version))
+            if res.tickets:
+                pending[p].append(res)
+        elif action < 0.65 and pending[p]:
+            res = pending[p].pop(0)
+            version = rng.randint(res.min_version, max(res.min_version, buf.version))
+            accs = [tuple(rng.choice([0.0, 1.0]) for _ in range(2)) for _ in res.tickets]
+            buf.put([make_group(t, version, a, producer=p) for t, a in zip(res.tickets, accs)])
+        elif action < 0.7 and pending[p]:
+            buf.release(pending[p].pop(0).tickets)
+        else:
+            log.append(take_log(buf))
+    for p in (0, 1):
+        for res in pending[p]:
+            buf.release(res.tickets)
+        buf.producer_finished(p)
+    while not log or log[-1][0] != "end":
+        log.append(take_log(buf))
+    return [*log, ("snapshot", buf.snapshot())]
+
+
+def take_log(buf):
+    status, batch = buf.take(2, timeout=0)
+    if batch is None:
+        return (status,)
+    buf.advance_version(buf.version + 1)
+    groups = [(g.uid, g.policy_version) for g in batch.groups]
+    return (status, groups, batch.step, batch.raw_groups, batch.raw_metrics, batch.partial)
+
+
+def test_buffer_state_round_trip_continues_exactly():
+    settings = buffer_settings(
+        groups_per_step=2, max_staleness=1, num_producers=2, filter_range=(0.01, 0.99)
+    )
+    original = RolloutBuffer(settings)
+    r0, r1 = original.reserve(0, 3, timeout=0), original.reserve(1, 1, timeout=0)
+    assert (r0.tickets, r1.tickets) == ([0, 1, 2], [3])
+    original.put([make_group(0, 0), make_group(1, 0, (1.0, 1.0))])  # ticket 1 is filtered
+    original.put([make_group(3, 0, producer=1)])
+    assert original.take(2, timeout=0) == ("timeout", None)  # ticket 2 is still pending
+    state = pickle.loads(pickle.dumps(original.state()))
+    assert sorted(state["ready"]) == [0, 3] and state["pending"] == [2]
+    assert state["dropped_tickets"] == [1] and state["dropped"] == 1
+    assert state["stats"]["groups_filtered_accuracy"] == 1 and len(state["raw"]) == 3
+
+    resumed = RolloutBuffer(settings)
+    resumed.load_state(state)
+    assert resumed.snapshot() == original.snapshot()
+    in_flight = {0: [Reservation(tickets=[2], min_version=r0.min_version)], 1: []}
+    expected = drive(original, random.Random(5), copy.deepcopy(in_flight), ops=120)
+    got = drive(resumed, random.Random(5), copy.deepcopy(in_flight), ops=120)
+    assert got == expected
+    assert sum(entry[0] == "batch" for entry in got) >= 5
+    assert any(entry[0] == "reserve" and entry[2] for entry in got)
+
+
+def test_loaded_buffer_differs_from_a_fresh_one():
+    """The round trip above can fail: a fresh buffer grants other tickets."""
+    settings = buffer_settings(groups_per_step=2, max_staleness=1, num_producers=1)
+    original = RolloutBuffer(settings)
+    original.reserve(0, 3, timeout=0)
+    resumed, fresh = RolloutBuffer(settings), RolloutBuffer(settings)
+    resumed.load_state(original.state())
+    assert resumed.reserve(0, 5, timeout=0).tickets == original.reserve(0, 5, timeout=0).tickets
+    assert fresh.reserve(0, 5, timeout=0).tickets != resumed.reserve(0, 5, timeout=0).tickets

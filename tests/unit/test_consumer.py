@@ -1,16 +1,21 @@
 """Consumer against a scripted stub buffer and a real Trainer on the embedded tiny model;
 Trainer-level checks of the optimizer step (zero advantages, masking, gradient accumulation)."""
 
+import pickle
+
 import pytest
 import torch
+from role_settings import consumer_settings, step_settings
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.algorithms.policy_loss import LossConfig
 from zbrl.telemetry.spans import SpanRecorder
-from zbrl.training.consumer import Consumer, ConsumerSettings
-from zbrl.training.train_step import StepSettings, Trainer
+from zbrl.training.consumer import Consumer
+from zbrl.training.engine.single import SingleProcessEngine
+from zbrl.training.train_step import Trainer
+from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weights import WeightPublisher, WeightStore
+from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, WeightStore
 from zbrl.types import RolloutGroup, TrainBatch
 
 
@@ -105,7 +110,7 @@ def make_trainer(model_dir, *, lr=1e-2, optimizer="adamw", microbatch_size=4, **
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     kw = dict(advantage="grpo", loss=LossConfig(), microbatch_size=microbatch_size, pad_id=0)
     kw.update(settings)
-    return Trainer(policy, opt, sched, StepSettings(**kw))
+    return Trainer(SingleProcessEngine(policy, opt, sched), step_settings(**kw))
 
 
 def params_of(model):
@@ -123,15 +128,15 @@ def publishers():
 def run_consumer(trainer, script, tmp_path, publishers, tokenizer=None, **settings):
     buffer = ScriptedBuffer(script)
     store = RecordingStore()
-    publisher = WeightPublisher(LocalHandle(store))
+    publisher = ObjectStorePublisher(WeightStoreClient(LocalHandle(store)))
     publishers.append(publisher)
     steps, rollouts = [], []
     kw = dict(groups_per_step=2, max_steps=None, checkpoint_dir=str(tmp_path / "ckpt"))
     kw.update(settings)
     consumer = Consumer(
-        ConsumerSettings(**kw),
+        consumer_settings(str(tmp_path), **kw),
         trainer,
-        LocalHandle(buffer),
+        BufferClient(LocalHandle(buffer)),
         publisher,
         SpanRecorder("consumer-0", "consumer"),
         tokenizer=tokenizer,
@@ -195,7 +200,7 @@ def test_consumer_steps_publish_advance_and_metrics(
     final = AutoModelForCausalLM.from_pretrained(result.final_checkpoint)
     mid = AutoModelForCausalLM.from_pretrained(ckpt / "step-2")
     key = "model.embed_tokens.weight"
-    assert torch.equal(final.state_dict()[key], trainer.policy.state_dict()[key])
+    assert torch.equal(final.state_dict()[key], trainer.engine.policy.state_dict()[key])
     assert torch.equal(final.state_dict()[key], store.latest().payload[key])
     assert not torch.equal(mid.state_dict()[key], final.state_dict()[key])
     assert AutoTokenizer.from_pretrained(ckpt / "step-2").pad_token_id == tokenizer.pad_token_id
@@ -243,23 +248,23 @@ def test_consumer_closes_buffer_when_training_raises(tiny_model_dir, tmp_path, p
 
 def test_identical_rewards_give_no_update(tiny_model_dir):
     trainer = make_trainer(tiny_model_dir)
-    before = params_of(trainer.policy)
+    before = params_of(trainer.engine.policy)
     groups = [make_group(1, rewards=(1.0,) * 4), make_group(2, rewards=(0.0,) * 4)]
     metrics = trainer.train(groups)
     assert metrics["advantage_abs_mean"] == 0.0
     assert metrics["grad_norm"] == 0.0
-    after = params_of(trainer.policy)
+    after = params_of(trainer.engine.policy)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert trainer.optimizer_steps == 1
 
 
 def test_nontrivial_batch_changes_parameters(tiny_model_dir):
     trainer = make_trainer(tiny_model_dir)
-    before = params_of(trainer.policy)
+    before = params_of(trainer.engine.policy)
     metrics = trainer.train([make_group(1), make_group(2, rewards=(0.0, 1.0, 0.5, 0.0))])
     assert metrics["grad_norm"] > 0
     assert metrics["advantage_abs_mean"] > 0
-    after = params_of(trainer.policy)
+    after = params_of(trainer.engine.policy)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert "model.embed_tokens.weight" in changed
     assert len(changed) == len(before)
@@ -292,9 +297,9 @@ def test_gradient_accumulation_matches_one_micro_batch(tiny_model_dir):
     models = []
     for size in (8, 3):
         trainer = make_trainer(tiny_model_dir, optimizer="sgd", lr=1.0, microbatch_size=size)
-        before = params_of(trainer.policy)
+        before = params_of(trainer.engine.policy)
         trainer.train(groups)
-        after = params_of(trainer.policy)
+        after = params_of(trainer.engine.policy)
         models.append({k: after[k] - before[k] for k in before})
     ref = models[0]
     assert ref["model.embed_tokens.weight"].abs().sum() > 0
@@ -328,7 +333,7 @@ def with_true_logprobs(model, group, temperature):
 
 def test_each_row_is_scored_at_its_own_sampling_temperature(tiny_model_dir):
     trainer = make_trainer(tiny_model_dir, microbatch_size=8)
-    policy = trainer.policy
+    policy = trainer.engine.policy
     hot = with_true_logprobs(policy, make_group(1, temperature=1.0), 1.0)
     cold = with_true_logprobs(policy, make_group(2, temperature=0.7, prompt_len=6), 0.7)
     metrics = trainer.train([hot, cold])  # one micro-batch mixing two temperatures
@@ -337,19 +342,114 @@ def test_each_row_is_scored_at_its_own_sampling_temperature(tiny_model_dir):
     assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
     trainer = make_trainer(tiny_model_dir, microbatch_size=8)
-    wrong = with_true_logprobs(trainer.policy, make_group(2, temperature=0.7, prompt_len=6), 1.0)
-    hot = with_true_logprobs(trainer.policy, make_group(1, temperature=1.0), 1.0)
+    wrong = with_true_logprobs(
+        trainer.engine.policy, make_group(2, temperature=0.7, prompt_len=6), 1.0
+    )
+    hot = with_true_logprobs(trainer.engine.policy, make_group(1, temperature=1.0), 1.0)
     metrics = trainer.train([hot, wrong])
     assert abs(metrics["ratio_mean"] - 1.0) > 1e-3
 
 
 def test_fully_masked_step_is_finite_and_changes_nothing(tiny_model_dir):
     trainer = make_trainer(tiny_model_dir, filter_truncated=True)
-    before = params_of(trainer.policy)
+    before = params_of(trainer.engine.policy)
     metrics = trainer.train(
         [make_group(1, truncated=[True] * 4), make_group(2, truncated=[True] * 4)]
     )
     assert metrics["trained_tokens"] == 0.0
     assert torch.isfinite(torch.tensor(metrics["loss"]))
-    after = params_of(trainer.policy)
+    after = params_of(trainer.engine.policy)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_engine_state_round_trip_gives_identical_next_step(tiny_model_dir):
+    def trainer_with_decay():
+        torch.manual_seed(0)
+        policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-2, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
+        return Trainer(SingleProcessEngine(policy, opt, sched), step_settings(microbatch_size=4))
+
+    first = [make_group(1), make_group(2, rewards=(0.0, 1.0, 0.5, 0.0))]
+    second = [make_group(3), make_group(4, rewards=(1.0, 0.0, 0.0, 0.0))]
+    original = trainer_with_decay()
+    original.train(first)
+    state = pickle.loads(pickle.dumps(original.engine.state_dict()))
+    assert state["optimizer_steps"] == 1
+
+    resumed, control = trainer_with_decay(), trainer_with_decay()
+    resumed.engine.load_state_dict(state)
+    assert resumed.optimizer_steps == 1
+    assert resumed.engine.current_lr() == original.engine.current_lr() == 5e-3
+    assert params_of(resumed.engine.policy).keys() == params_of(original.engine.policy).keys()
+    expected = original.train(second)
+    got = resumed.train(second)
+    assert got["lr"] == expected["lr"] == 5e-3 and got["loss"] == expected["loss"]
+    after, resumed_after = params_of(original.engine.policy), params_of(resumed.engine.policy)
+    assert all(torch.equal(after[k], resumed_after[k]) for k in after)
+    # the state is a snapshot (later steps did not change it), and it matters: without it the
+    # same step gives other parameters
+    key = "model.embed_tokens.weight"
+    assert not torch.equal(state["policy"][key], after[key])
+    control.train(second)
+    assert not torch.equal(params_of(control.engine.policy)[key], after[key])
+
+
+def test_consumer_state_round_trip_continues_exactly(tiny_model_dir, tmp_path, publishers):
+    def consumer_for(trainer, script, name, on_step):
+        publisher = ObjectStorePublisher(WeightStoreClient(LocalHandle(WeightStore())))
+        publishers.append(publisher)
+        buffer = ScriptedBuffer(script)
+        settings = consumer_settings(str(tmp_path / name), groups_per_step=2, save_final=False)
+        consumer = Consumer(
+            settings,
+            trainer,
+            BufferClient(LocalHandle(buffer)),
+            publisher,
+            SpanRecorder("consumer-0", "consumer"),
+            on_step=on_step,
+        )
+        return consumer, buffer
+
+    def second_batch():
+        return batch([make_group(3, version=1), make_group(4, version=0)], 1, partial=True)
+
+    states, steps = [], []
+
+    def on_step(version, metrics):
+        steps.append((version, metrics))
+        if version == 1:
+            states.append(pickle.loads(pickle.dumps(original.state())))
+
+    original, _ = consumer_for(
+        make_trainer(tiny_model_dir),
+        [batch([make_group(1), make_group(2)], 0), second_batch()],
+        "original",
+        on_step,
+    )
+    original.run()
+    (state,) = states
+    assert {k: state[k] for k in ("version", "groups_trained", "samples_trained")} == {
+        "version": 1,
+        "groups_trained": 2,
+        "samples_trained": 8,
+    }
+
+    resumed_steps = []
+    resumed, buffer = consumer_for(
+        make_trainer(tiny_model_dir),
+        [second_batch()],
+        "resumed",
+        lambda v, m: resumed_steps.append((v, m)),
+    )
+    resumed.load_state(state)
+    result = resumed.run()
+    assert result.steps == 2 and buffer.called("advance_version") == [(2,)]
+    assert (result.groups_trained, result.samples_trained, result.partial_batches) == (4, 16, 1)
+    assert resumed.trainer.optimizer_steps == original.trainer.optimizer_steps == 2
+    (version, metrics), (_, expected) = resumed_steps[0], steps[1]
+    assert version == 2
+    assert metrics["loss"] == expected["loss"] and metrics["staleness_max"] == 1.0
+    after = params_of(original.trainer.engine.policy)
+    resumed_after = params_of(resumed.trainer.engine.policy)
+    assert all(torch.equal(after[k], resumed_after[k]) for k in after)

@@ -3,11 +3,12 @@ import json
 
 import pytest
 import torch
+from role_settings import sampling_params
 
 from zbrl.cli import main
 from zbrl.evaluation.evaluator import EvalSet, Evaluator, evaluate_set, ks_for, pass_at_k
 from zbrl.rewards import build_reward
-from zbrl.rollout.backends.base import Completion, SamplingParams
+from zbrl.rollout.backends.base import Completion
 from zbrl.types import EncodedPrompt
 
 
@@ -76,7 +77,7 @@ def test_evaluate_set_accuracy_pass_at_k_and_records(tmp_path):
     }
     prompts = make_prompts(["3", "5"])
     reward = build_reward("think_answer_tags")
-    params = SamplingParams(n=2, temperature=0.6, max_new_tokens=32)
+    params = sampling_params(n=2, temperature=0.6, max_new_tokens=32)
     metrics, records = evaluate_set(
         ScriptedBackend(answers), reward, EvalSet("toy", prompts), params, batch_size=1
     )

@@ -10,11 +10,14 @@ from zbrl.config import load_config
 from zbrl.rollout.backends.transformers_backend import TransformersBackend
 from zbrl.rollout.producer import Producer
 from zbrl.telemetry.spans import SpanRecorder
-from zbrl.training.consumer import Consumer, ConsumerSettings
+from zbrl.training.consumer import Consumer
+from zbrl.training.engine.single import SingleProcessEngine
 from zbrl.training.train_step import Trainer
 from zbrl.transport.buffer import RolloutBuffer
+from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weights import WeightPublisher, WeightReceiver, WeightStore
+from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
+from zbrl.transport.weight_sync.object_store import WeightStore
 
 OVERRIDES = [
     "rollout.generation.max_new_tokens=12",
@@ -35,14 +38,15 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     buffer = RolloutBuffer(settings.buffer_settings(cfg))
     store = WeightStore()
     prec, crec = SpanRecorder("producer-0", "producer"), SpanRecorder("consumer-0", "consumer")
-    receiver = WeightReceiver(LocalHandle(store), prec, initial_version=0)
+    sync = cfg.transport.weight_sync
+    receiver = build_receiver(sync, WeightStoreClient(LocalHandle(store)), prec, initial_version=0)
     backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
     producer = Producer(
         settings.producer_settings(cfg, 0),
         prompts,
         backend,
         rewards.build_reward_fn(cfg),
-        LocalHandle(buffer),
+        BufferClient(LocalHandle(buffer)),
         receiver,
         prec,
     )
@@ -51,14 +55,15 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     trainer = Trainer(
-        policy, optimizer, scheduler, settings.step_settings(cfg, tokenizer.pad_token_id)
+        SingleProcessEngine(policy, optimizer, scheduler),
+        settings.step_settings(cfg, tokenizer.pad_token_id),
     )
-    publisher = WeightPublisher(LocalHandle(store), crec)
+    publisher = build_publisher(sync, WeightStoreClient(LocalHandle(store)), crec)
     steps = []
     consumer = Consumer(
-        ConsumerSettings(groups_per_step=2, max_steps=3, checkpoint_dir=str(tmp_path / "ckpt")),
+        settings.consumer_settings(cfg, tmp_path),
         trainer,
-        LocalHandle(buffer),
+        BufferClient(LocalHandle(buffer)),
         publisher,
         crec,
         tokenizer=tokenizer,
@@ -77,6 +82,7 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     after = policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert store.latest_version() == 3
+    assert result.final_checkpoint == str(tmp_path / "checkpoints" / "step-3")
     saved = AutoModelForCausalLM.from_pretrained(result.final_checkpoint)
     assert torch.equal(
         saved.state_dict()["model.embed_tokens.weight"], after["model.embed_tokens.weight"]

@@ -2,19 +2,23 @@
 (in-process handles, no Ray)."""
 
 import itertools
+import pickle
 import threading
 import time
 
 import pytest
 import torch
+from role_settings import buffer_settings, producer_settings, sampling_params
 
 from zbrl.rewards.base import BaseReward, RewardResult
-from zbrl.rollout.backends.base import Completion, SamplingParams
-from zbrl.rollout.producer import Producer, ProducerSettings
+from zbrl.rollout import producer as producer_module
+from zbrl.rollout.backends.base import Completion
+from zbrl.rollout.producer import Producer
 from zbrl.telemetry.spans import SpanRecorder
-from zbrl.transport.buffer import BufferSettings, RolloutBuffer
+from zbrl.transport.buffer import RolloutBuffer
+from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weights import WeightReceiver, WeightStore
+from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver, WeightStore
 from zbrl.types import EncodedPrompt, WeightsMessage
 
 BASE = 100  # prompt i starts with token BASE + i
@@ -84,7 +88,7 @@ class Rig:
             for i in range(num_prompts)
         ]
         self.buffer = RolloutBuffer(
-            BufferSettings(
+            buffer_settings(
                 groups_per_step=groups_per_step,
                 max_staleness=max_staleness,
                 num_producers=num_producers,
@@ -105,24 +109,25 @@ class Rig:
         kw = dict(
             index=index,
             num_producers=num_producers,
-            sampling=SamplingParams(n=G, temperature=1.0, max_new_tokens=MAX_NEW),
+            sampling=sampling_params(n=G, temperature=1.0, max_new_tokens=MAX_NEW),
             inference_batch_size=2,
             inference_microbatch_size=1,
             num_epochs=1,
             seed=0,
             shuffle=True,
-            poll_timeout_s=0.05,
         )
         kw.update(overrides)
-        receiver = WeightReceiver(LocalHandle(self.store), poll_interval_s=0.01, initial_version=0)
+        receiver = ObjectStoreReceiver(
+            WeightStoreClient(LocalHandle(self.store)), poll_interval_s=0.01, initial_version=0
+        )
         self.receivers.append(receiver)
         backend, reward = StubBackend(), StubReward()
         producer = Producer(
-            ProducerSettings(**kw),
+            producer_settings(**kw),
             self.prompts,
             backend,
             reward,
-            LocalHandle(self.buffer),
+            BufferClient(LocalHandle(self.buffer)),
             receiver,
             SpanRecorder(f"producer-{index}", "producer"),
         )
@@ -145,7 +150,8 @@ class Rig:
 
 
 @pytest.fixture
-def rig_factory():
+def rig_factory(monkeypatch):
+    monkeypatch.setattr(producer_module, "POLL_TIMEOUT_S", 0.05)  # re-check waits often
     rigs = []
 
     def make(**kw):
@@ -344,3 +350,30 @@ def test_constant_temperature_without_annealing(rig_factory):
     groups, _ = rig.take_all(2)
     assert {g.temperature for g in groups} == {1.0}
     assert {params.temperature for _, params, _ in backend.generate_calls} == {1.0}
+
+
+def test_producer_state_round_trip_continues_exactly(rig_factory):
+    settings = dict(final_temperature=0.5, num_epochs=2, inference_batch_size=2)
+    rig = rig_factory(num_prompts=7)
+    original, _, _ = rig.producer(**settings)
+    assert original.step() and original.step()  # 4 prompts of the first epoch taken
+    state = pickle.loads(pickle.dumps(original.state()))
+    assert state["sampler"] == {"epoch": 0, "position": 4}
+    assert (state["prompts_taken"], state["groups_pushed"], state["samples_pushed"]) == (
+        4,
+        4,
+        4 * G,
+    )
+
+    resumed_rig = rig_factory(num_prompts=7)
+    resumed, _, _ = resumed_rig.producer(**settings)
+    resumed.load_state(state)
+    expected, got = original.run(), resumed.run()
+    assert (got.groups, got.samples) == (expected.groups, expected.samples) == (14, 14 * G)
+    rest = sorted(rig.take_all(2)[0], key=lambda g: g.ticket)[4:]
+    resumed_groups = sorted(resumed_rig.take_all(2)[0], key=lambda g: g.ticket)
+    # the same prompts, in the same order, at the same point of the temperature schedule
+    assert [g.uid for g in resumed_groups] == [g.uid for g in rest]
+    assert [g.temperature for g in resumed_groups] == [g.temperature for g in rest]
+    assert [g.prompt_ids for g in resumed_groups] == [g.prompt_ids for g in rest]
+    assert rest[0].temperature < 1.0 and rest[-1].temperature == 0.5

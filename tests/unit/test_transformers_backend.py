@@ -3,9 +3,9 @@ log-probs against a fresh forward pass, greedy decoding, left padding, weight lo
 
 import pytest
 import torch
+from role_settings import sampling_params
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
@@ -32,12 +32,12 @@ def reference_logprobs(model, prompt, response, temperature):
 
 
 def greedy(n=1, max_new_tokens=6, **kw):
-    return SamplingParams(n=n, temperature=0.0, max_new_tokens=max_new_tokens, **kw)
+    return sampling_params(n=n, temperature=0.0, max_new_tokens=max_new_tokens, **kw)
 
 
 def test_generate_returns_n_completions_per_prompt_with_valid_finish(backend, tokenizer):
     torch.manual_seed(0)
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
+    params = sampling_params(n=4, temperature=1.0, max_new_tokens=8)
     out = backend.generate(PROMPTS, params)
     assert len(out) == len(PROMPTS)
     assert all(len(group) == 4 for group in out)
@@ -64,7 +64,7 @@ def test_generate_returns_n_completions_per_prompt_with_valid_finish(backend, to
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_behaviour_logprobs_match_forward_pass(backend, temperature):
     torch.manual_seed(1)
-    out = backend.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_new_tokens=8))
+    out = backend.generate(PROMPTS, sampling_params(n=3, temperature=temperature, max_new_tokens=8))
     checked = 0
     for prompt, group in zip(PROMPTS, out):  # also checks that groups come in prompt order
         for c in group:
@@ -78,7 +78,7 @@ def test_behaviour_logprobs_match_forward_pass(backend, temperature):
 
 def test_logprobs_use_the_sampling_temperature(backend):
     torch.manual_seed(2)
-    out = backend.generate(PROMPTS[:1], SamplingParams(n=1, temperature=0.5, max_new_tokens=4))
+    out = backend.generate(PROMPTS[:1], sampling_params(n=1, temperature=0.5, max_new_tokens=4))
     c = out[0][0]
     at_half = reference_logprobs(backend.model, PROMPTS[0], c.token_ids, 0.5)
     at_one = reference_logprobs(backend.model, PROMPTS[0], c.token_ids, 1.0)

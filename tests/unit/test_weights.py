@@ -1,4 +1,5 @@
-"""WeightStore / WeightPublisher / WeightReceiver over in-process handles (no Ray)."""
+"""Object-store weight sync (WeightStore, ObjectStorePublisher, ObjectStoreReceiver) over
+in-process handles (no Ray)."""
 
 import threading
 import time
@@ -6,9 +7,17 @@ import time
 import pytest
 import torch
 
+from zbrl.config import load_config
 from zbrl.telemetry.spans import SpanRecorder
+from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weights import WeightPublisher, WeightReceiver, WeightStore, cpu_copy
+from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
+from zbrl.transport.weight_sync.object_store import (
+    ObjectStorePublisher,
+    ObjectStoreReceiver,
+    WeightStore,
+    cpu_copy,
+)
 from zbrl.types import WeightsMessage
 
 WAIT = 10.0  # generous upper bound for waits on background threads (never hit when passing)
@@ -83,7 +92,7 @@ def test_cpu_copy_is_detached_and_independent():
 def test_publish_returns_before_the_send_finishes(closers):
     store = WeightStore()
     handle = GatedHandle(store)
-    pub = WeightPublisher(handle, SpanRecorder("c", "consumer"))
+    pub = ObjectStorePublisher(WeightStoreClient(handle), SpanRecorder("c", "consumer"))
     closers.append(pub)
     pub.publish(1, state(1))
     # publish has returned while the background send is (or will be) blocked on the gate
@@ -101,7 +110,7 @@ def test_publish_returns_before_the_send_finishes(closers):
 def test_newer_staged_version_supersedes_older_unsent(closers):
     store = WeightStore()
     handle = GatedHandle(store)
-    pub = WeightPublisher(handle)
+    pub = ObjectStorePublisher(WeightStoreClient(handle))
     closers.append(pub)
     pub.publish(1, state(1))
     assert handle.started.wait(WAIT)  # v1 is being sent (blocked)
@@ -116,7 +125,7 @@ def test_newer_staged_version_supersedes_older_unsent(closers):
 
 def test_store_versions_never_go_backwards_through_publisher(closers):
     store = WeightStore()
-    pub = WeightPublisher(LocalHandle(store))
+    pub = ObjectStorePublisher(WeightStoreClient(LocalHandle(store)))
     closers.append(pub)
     pub.publish(5, state(5))
     pub.flush(timeout=WAIT)
@@ -131,7 +140,7 @@ def test_published_payload_is_a_copy_never_torn(closers):
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     store = WeightStore()
     handle = GatedHandle(store)
-    pub = WeightPublisher(handle)
+    pub = ObjectStorePublisher(WeightStoreClient(handle))
     closers.append(pub)
     pub.publish(1, {**model.state_dict(), "v": torch.tensor(1.0)})
     assert handle.started.wait(WAIT)
@@ -148,7 +157,7 @@ def test_published_payload_is_a_copy_never_torn(closers):
 
 def test_flush_times_out_with_clear_message(closers):
     handle = GatedHandle(WeightStore())
-    pub = WeightPublisher(handle)
+    pub = ObjectStorePublisher(WeightStoreClient(handle))
     closers.append(pub)
     pub.publish(1, state(1))
     with pytest.raises(TimeoutError, match="not published within"):
@@ -158,7 +167,7 @@ def test_flush_times_out_with_clear_message(closers):
 
 
 def test_publisher_background_error_surfaces_on_next_call(closers):
-    pub = WeightPublisher(FailingHandle(WeightStore(), put_fails=True))
+    pub = ObjectStorePublisher(WeightStoreClient(FailingHandle(WeightStore(), put_fails=True)))
     closers.append(pub)
     pub.publish(1, state(1))  # returns: the failure happens on the background thread
     with pytest.raises(RuntimeError, match=r"weight publishing failed.*object store unreachable"):
@@ -169,7 +178,7 @@ def test_publisher_background_error_surfaces_on_next_call(closers):
 
 def test_publisher_records_publish_spans_on_weights_thread(closers):
     rec = SpanRecorder("c", "consumer")
-    pub = WeightPublisher(LocalHandle(WeightStore()), rec)
+    pub = ObjectStorePublisher(WeightStoreClient(LocalHandle(WeightStore())), rec)
     closers.append(pub)
     pub.publish(1, state(1))
     pub.flush(timeout=WAIT)
@@ -182,7 +191,7 @@ def test_publisher_records_publish_spans_on_weights_thread(closers):
 def test_receiver_fetch_poll_wait_receive_into_order(closers):
     store = WeightStore()
     rec = SpanRecorder("p", "producer")
-    receiver = WeightReceiver(LocalHandle(store), rec, poll_interval_s=0.01)
+    receiver = ObjectStoreReceiver(WeightStoreClient(LocalHandle(store)), rec, poll_interval_s=0.01)
     closers.append(receiver)
     loads = []
 
@@ -215,7 +224,9 @@ def test_receiver_fetch_poll_wait_receive_into_order(closers):
 def test_receiver_initial_version_skips_older_weights(closers):
     store = WeightStore()
     store.put(WeightsMessage(0, time.time(), state(0)))
-    receiver = WeightReceiver(LocalHandle(store), poll_interval_s=0.01, initial_version=0)
+    receiver = ObjectStoreReceiver(
+        WeightStoreClient(LocalHandle(store)), poll_interval_s=0.01, initial_version=0
+    )
     closers.append(receiver)
     assert receiver.wait_for(0, timeout=WAIT)
     assert receiver.receive_into(lambda sd: pytest.fail("v0 is already loaded")) is False
@@ -224,8 +235,8 @@ def test_receiver_initial_version_skips_older_weights(closers):
 
 def test_wait_for_wakes_on_publish_from_another_thread(closers):
     store = WeightStore()
-    pub = WeightPublisher(LocalHandle(store))
-    receiver = WeightReceiver(LocalHandle(store), poll_interval_s=0.01)
+    pub = ObjectStorePublisher(WeightStoreClient(LocalHandle(store)))
+    receiver = ObjectStoreReceiver(WeightStoreClient(LocalHandle(store)), poll_interval_s=0.01)
     closers.extend([pub, receiver])
     timer = threading.Timer(0.05, lambda: pub.publish(2, state(2)))
     timer.start()
@@ -239,7 +250,9 @@ def test_wait_for_wakes_on_publish_from_another_thread(closers):
 def test_receiver_background_error_surfaces_on_next_call(closers):
     store = WeightStore()
     store.put(WeightsMessage(1, time.time(), state(1)))
-    receiver = WeightReceiver(FailingHandle(store, get_fails=True), poll_interval_s=0.01)
+    receiver = ObjectStoreReceiver(
+        WeightStoreClient(FailingHandle(store, get_fails=True)), poll_interval_s=0.01
+    )
     closers.append(receiver)
     with pytest.raises(RuntimeError, match=r"weight receiving failed.*object lost"):
         receiver.wait_for(1, timeout=WAIT)
@@ -250,7 +263,9 @@ def test_receiver_background_error_surfaces_on_next_call(closers):
 
 
 def test_receiver_close_releases_waiters():
-    receiver = WeightReceiver(LocalHandle(WeightStore()), poll_interval_s=0.01)
+    receiver = ObjectStoreReceiver(
+        WeightStoreClient(LocalHandle(WeightStore())), poll_interval_s=0.01
+    )
     result = {}
     thread = threading.Thread(target=lambda: result.update(ok=receiver.wait_for(1)))
     thread.start()
@@ -270,3 +285,19 @@ def test_store_long_poll_returns_when_a_newer_version_arrives():
     store.put(WeightsMessage(2, 0.0, "p2"))
     waiter.join(timeout=10)
     assert not waiter.is_alive() and got["v"] == 2
+
+
+def test_factory_builds_object_store_sync_from_the_config(closers):
+    sync = load_config(None, []).transport.weight_sync
+    assert sync.type == "object_store"
+    store = WeightStore()
+    pub = build_publisher(sync, WeightStoreClient(LocalHandle(store)))
+    receiver = build_receiver(sync, WeightStoreClient(LocalHandle(store)), initial_version=0)
+    closers.extend([pub, receiver])
+    assert isinstance(pub, ObjectStorePublisher) and isinstance(receiver, ObjectStoreReceiver)
+    assert receiver.loaded_version == 0
+    pub.publish(1, state(1))
+    pub.flush(timeout=WAIT)
+    assert receiver.wait_for(1, timeout=WAIT)
+    got = {}
+    assert receiver.receive_into(got.update) and got["w"].tolist() == [1.0, 1.0, 1.0]

@@ -1,5 +1,5 @@
-"""Models and engines from a RunConfig: the policy, the tokenizer, the inference backend and the
-trainer (policy, optional frozen reference, optimizer, LR schedule)."""
+"""Models and engines from a RunConfig: the policy, the tokenizer, the inference backend, the
+training engine (policy, optional frozen reference, optimizer, LR schedule) and the trainer."""
 
 from __future__ import annotations
 
@@ -55,10 +55,11 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     return TransformersBackend(load_policy(cfg, model_dir), tokenizer, device=device_of(cfg))
 
 
-def build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int):
-    """The policy (and a frozen reference when ``beta > 0``), AdamW and the LR schedule."""
+def build_engine(cfg: RunConfig, model_dir: Path, total_steps: int):
+    """The training engine: the policy (and a frozen reference when ``beta > 0``), AdamW and the
+    LR schedule over ``total_steps`` train steps, on one process."""
+    from zbrl.training.engine.single import SingleProcessEngine
     from zbrl.training.schedule import lr_factor
-    from zbrl.training.train_step import Trainer
 
     device = device_of(cfg)
     policy = load_policy(cfg, model_dir).to(device)
@@ -84,12 +85,12 @@ def build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int):
             min_ratio=sched.min_lr_ratio,
         ),
     )
+    return SingleProcessEngine(policy, optimizer, scheduler, reference=reference, device=device)
+
+
+def build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int):
+    """The train step over the engine of :func:`build_engine`."""
+    from zbrl.training.train_step import Trainer
+
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return Trainer(
-        policy,
-        optimizer,
-        scheduler,
-        step_settings(cfg, pad_id),
-        reference=reference,
-        device=device,
-    )
+    return Trainer(build_engine(cfg, model_dir, total_steps), step_settings(cfg, pad_id))

@@ -22,6 +22,7 @@ from zbrl.launch.ray_setup import init_ray
 from zbrl.launch.run_dir import claim_run_dir
 from zbrl.telemetry.idle import percentile
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
+from zbrl.transport.clients import BufferClient, HubClient
 from zbrl.transport.handles import RayHandle
 from zbrl.types import EncodedPrompt
 
@@ -68,7 +69,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     try:
         workers = create_workers(cfg, artifacts, run_dir, train_prompts, eval_sets, total_steps)
         wait_until_ready(cfg, workers)
-        monitor = RunMonitor(cfg, run_dir, RayHandle(workers.hub), total_steps)
+        monitor = RunMonitor(cfg, run_dir, HubClient(RayHandle(workers.hub)), total_steps)
         try:
             return execute(cfg, workers, monitor, run_dir)
         finally:
@@ -129,7 +130,7 @@ def create_workers(
     from zbrl.launch.workers import ConsumerWorker, EvaluatorWorker, ProducerWorker
     from zbrl.telemetry.hub import TelemetryHub
     from zbrl.transport.buffer import RolloutBuffer
-    from zbrl.transport.weights import WeightStore
+    from zbrl.transport.weight_sync.object_store import WeightStore
 
     la = cfg.launch
     data = cfg.model_dump(mode="json")
@@ -215,7 +216,7 @@ def execute(cfg: RunConfig, workers: Workers, monitor: RunMonitor, run_dir: Path
         final = _get(workers.evaluator.evaluate.remote(steps, steps), "evaluator", timeout=1800)
         monitor.record_eval(steps, final)
     monitor.poll()
-    buffer_stats = RayHandle(workers.buffer).call("snapshot")
+    buffer_stats = BufferClient(RayHandle(workers.buffer)).snapshot()
     summary = build_summary(monitor, results, buffer_stats, start, end, steps, initial, final)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     print(render_report(run_dir), flush=True)

@@ -14,7 +14,7 @@ from zbrl.telemetry.idle import role_idle_frac, worker_utilisation
 from zbrl.telemetry.metrics import JsonlSink, MetricsSink, MultiSink
 from zbrl.telemetry.spans import Span, as_span
 from zbrl.telemetry.timeline import TimelineWriter
-from zbrl.transport.handles import Handle
+from zbrl.transport.clients import HubClient
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 IDLE_REFRESH_S = 5.0
@@ -23,7 +23,7 @@ IDLE_REFRESH_S = 5.0
 class RunMonitor:
     """Collects everything workers report and shows progress."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, hub: Handle, total_steps: int) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, hub: HubClient, total_steps: int) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.hub = hub
@@ -40,7 +40,7 @@ class RunMonitor:
 
     def poll(self) -> None:
         """Drain the hub: append spans, log metrics, write rollouts, refresh the bar."""
-        drained = self.hub.call("drain", timeout=60)
+        drained = self.hub.drain(timeout=60)
         if drained["spans"]:
             self.timeline.write(drained["spans"])
             self.spans += [as_span(s) for s in drained["spans"]]

@@ -14,15 +14,16 @@ from zbrl.assembly.rewards import build_reward_fn
 from zbrl.assembly.settings import consumer_settings, eval_sampling_params, producer_settings
 from zbrl.config import RunConfig
 from zbrl.telemetry.spans import SpanRecorder
-from zbrl.transport.handles import Handle, RayHandle
-from zbrl.transport.weights import WeightPublisher, WeightReceiver
+from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
+from zbrl.transport.handles import RayHandle
+from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
 from zbrl.types import EncodedPrompt
 
 
 class SpanFlusher:
     """Sends a recorder's spans to the telemetry hub every ``interval_s`` from a daemon thread."""
 
-    def __init__(self, recorder: SpanRecorder, hub: Handle, interval_s: float = 1.0) -> None:
+    def __init__(self, recorder: SpanRecorder, hub: HubClient, interval_s: float = 1.0) -> None:
         self.recorder = recorder
         self.hub = hub
         self.interval_s = interval_s
@@ -33,7 +34,7 @@ class SpanFlusher:
     def flush(self) -> None:
         spans = self.recorder.drain()
         if spans:
-            self.hub.call("add_spans", spans)
+            self.hub.add_spans(spans)
 
     def stop(self) -> None:
         self._stop.set()
@@ -48,7 +49,7 @@ class SpanFlusher:
                 return
 
 
-def _run_role(run: Any, close: Any, recorder: SpanRecorder, hub: Handle) -> Any:
+def _run_role(run: Any, close: Any, recorder: SpanRecorder, hub: HubClient) -> Any:
     """Run a role's loop with its spans streamed to the hub; always close and flush."""
     flusher = SpanFlusher(recorder, hub)
     try:
@@ -83,15 +84,20 @@ class ProducerWorker:
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, 1000 + index)
         self.recorder = SpanRecorder(f"producer-{index}", "producer")
-        self.hub = RayHandle(hub)
+        self.hub = HubClient(RayHandle(hub))
         backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
-        self.receiver = WeightReceiver(RayHandle(store), self.recorder, initial_version=0)
+        self.receiver = build_receiver(
+            cfg.transport.weight_sync,
+            WeightStoreClient(RayHandle(store)),
+            self.recorder,
+            initial_version=0,
+        )
         self.producer = Producer(
             producer_settings(cfg, index),
             prompts,
             backend,
             build_reward_fn(cfg),
-            RayHandle(buffer),
+            BufferClient(RayHandle(buffer)),
             self.receiver,
             self.recorder,
         )
@@ -120,19 +126,21 @@ class ConsumerWorker:
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, index)
         self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
-        self.hub = RayHandle(hub)
+        self.hub = HubClient(RayHandle(hub))
         tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
         trainer = build_trainer(cfg, Path(model_dir), tokenizer, total_steps)
-        self.publisher = WeightPublisher(RayHandle(store), self.recorder)
+        self.publisher = build_publisher(
+            cfg.transport.weight_sync, WeightStoreClient(RayHandle(store)), self.recorder
+        )
         self.consumer = Consumer(
             consumer_settings(cfg, run_dir),
             trainer,
-            RayHandle(buffer),
+            BufferClient(RayHandle(buffer)),
             self.publisher,
             self.recorder,
             tokenizer=tokenizer,
-            on_step=lambda step, m: self.hub.call("add_metrics", step, m),
-            on_rollouts=lambda step, recs: self.hub.call("add_event", "rollouts", recs),
+            on_step=self.hub.add_metrics,
+            on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
         )
 
     def run(self):
@@ -157,10 +165,15 @@ class EvaluatorWorker:
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, 999)
         self.recorder = SpanRecorder("evaluator", "evaluator")
-        self.hub = RayHandle(hub)
+        self.hub = HubClient(RayHandle(hub))
         backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
         self.backend = backend
-        self.receiver = WeightReceiver(RayHandle(store), self.recorder, initial_version=0)
+        self.receiver = build_receiver(
+            cfg.transport.weight_sync,
+            WeightStoreClient(RayHandle(store)),
+            self.recorder,
+            initial_version=0,
+        )
         self.evaluator = Evaluator(
             backend,
             build_reward_fn(cfg),
@@ -180,7 +193,7 @@ class EvaluatorWorker:
         with self.recorder.span(EVAL, step=step, version=self.receiver.loaded_version):
             torch.manual_seed(12345)  # the same sampling noise for every eval
             results = self.evaluator.run(step)
-        self.hub.call("add_spans", self.recorder.drain())
+        self.hub.add_spans(self.recorder.drain())
         return results
 
     def close(self) -> None:

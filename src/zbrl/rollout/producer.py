@@ -3,27 +3,34 @@
 Loop: reserve admission from the buffer → make sure the loaded weights are recent enough for the
 reserved tickets (the staleness bound) and swap in the newest fetched version → generate G
 completions per prompt → score → push one RolloutGroup per prompt. Receiving weights happens in a
-background thread (``WeightReceiver``); loading them happens here, between generation batches.
+background thread (a ``WeightReceiver`` of :mod:`zbrl.transport.weight_sync`); loading them
+happens here, between generation batches.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from zbrl.data.sampler import ShardedSampler
 from zbrl.rewards.base import RewardContext, RewardFunction
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
-from zbrl.transport.handles import Handle
-from zbrl.transport.weights import WeightReceiver
+from zbrl.transport.clients import BufferClient
+from zbrl.transport.weight_sync.base import WeightReceiver
 from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
+
+POLL_TIMEOUT_S = 1.0
+"""Longest single wait for admission or for weights; the producer waits again until it gets them
+(or the buffer closes)."""
 
 
 @dataclass(frozen=True)
 class ProducerSettings:
-    """What one producer needs to know (built from the RunConfig by ``zbrl.launch``)."""
+    """What one producer needs to know (every field is filled by
+    ``zbrl.assembly.settings.producer_settings``; none has a default of its own)."""
 
     index: int
     num_producers: int
@@ -32,10 +39,11 @@ class ProducerSettings:
     inference_microbatch_size: int
     num_epochs: int
     seed: int
-    shuffle: bool = True
-    final_temperature: float | None = None
-    anneal_fraction: float = 1.0
-    poll_timeout_s: float = 1.0
+    shuffle: bool
+    final_temperature: float | None
+    """Temperature reached by annealing over the first epoch (None: no annealing)."""
+    anneal_fraction: float
+    """Fraction of the first epoch over which the temperature anneals."""
 
 
 @dataclass
@@ -58,7 +66,7 @@ class Producer:
         prompts: list[EncodedPrompt],
         backend: InferenceBackend,
         reward: RewardFunction,
-        buffer: Handle,
+        buffer: BufferClient,
         receiver: WeightReceiver,
         recorder: SpanRecorder,
     ) -> None:
@@ -89,7 +97,7 @@ class Producer:
             while self.step():
                 pass
         finally:
-            self.buffer.call("producer_finished", self.settings.index)
+            self.buffer.producer_finished(self.settings.index)
         return ProducerResult(
             index=self.settings.index,
             groups=self.groups_pushed,
@@ -105,7 +113,7 @@ class Producer:
             return False
         batch = self._next_prompts(len(reservation.tickets))
         if len(batch) < len(reservation.tickets):
-            self.buffer.call("release", reservation.tickets[len(batch) :])
+            self.buffer.release(reservation.tickets[len(batch) :])
         if not batch:
             return False
         self._ensure_weights(reservation.min_version)
@@ -117,10 +125,37 @@ class Producer:
             tickets = reservation.tickets[start : start + imbs]
             groups += self._rollout(chunk, tickets, version)
         with self.recorder.span(PUSH, groups=len(groups)):
-            self.buffer.call("put", groups)
+            self.buffer.put(groups)
         self.groups_pushed += len(groups)
         self.samples_pushed += sum(g.group_size for g in groups)
         return True
+
+    # -- resume ----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed producer needs (a plain picklable dict): ``sampler`` (its shard's
+        position, see ``ShardedSampler.state``), ``prompts_taken`` (prompts taken so far: the
+        temperature schedule's clock) and the counters ``groups_pushed``, ``samples_pushed`` and
+        ``versions_loaded``. Take it between steps (all taken prompts pushed). The loaded weight
+        version is not part of it: a resumed producer's receiver starts at the version of the
+        checkpoint its backend was loaded from. Nothing calls this from the driver yet (resume is
+        a later issue)."""
+        return {
+            "sampler": self.sampler.state(),
+            "prompts_taken": self._taken,
+            "groups_pushed": self.groups_pushed,
+            "samples_pushed": self.samples_pushed,
+            "versions_loaded": self.versions_loaded,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` of a producer built with the same settings and prompts."""
+        self.sampler.load_state(state["sampler"])
+        self._stream = self.sampler.iter_epochs(self.settings.num_epochs)
+        self._taken = state["prompts_taken"]
+        self.groups_pushed = state["groups_pushed"]
+        self.samples_pushed = state["samples_pushed"]
+        self.versions_loaded = state["versions_loaded"]
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -129,16 +164,14 @@ class Producer:
         n = self.settings.inference_batch_size
         with self.recorder.span(WAIT_FOR_WEIGHTS, reason="admission"):
             while True:
-                res = self.buffer.call(
-                    "reserve", self.settings.index, n, self.settings.poll_timeout_s
-                )
+                res = self.buffer.reserve(self.settings.index, n, POLL_TIMEOUT_S)
                 if res is None or res.tickets:
                     return res
 
     def _ensure_weights(self, min_version: int) -> None:
         if self.receiver.loaded_version < min_version:
             with self.recorder.span(WAIT_FOR_WEIGHTS, reason="staleness", need=min_version):
-                while not self.receiver.wait_for(min_version, timeout=self.settings.poll_timeout_s):
+                while not self.receiver.wait_for(min_version, timeout=POLL_TIMEOUT_S):
                     pass
         if self.receiver.receive_into(self.backend.load_weights):
             self.versions_loaded += 1
@@ -221,11 +254,4 @@ def _take(stream: Iterator[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 def _with_temperature(params: SamplingParams, temperature: float) -> SamplingParams:
     if temperature == params.temperature:
         return params
-    return SamplingParams(
-        n=params.n,
-        temperature=temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        max_new_tokens=params.max_new_tokens,
-        stop_strings=params.stop_strings,
-    )
+    return replace(params, temperature=temperature)

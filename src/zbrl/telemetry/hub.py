@@ -1,5 +1,6 @@
 """A collection point for spans, step metrics and events sent by workers (a plain class; an actor
-in runs). The driver drains it periodically and writes the run's files."""
+in runs, reached through ``zbrl.transport.clients.HubClient``). The driver drains it periodically
+and writes the run's files."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The Consumer: pulls train batches, trains, bumps the policy version, publishes weights.
 
 Publishing never blocks the next step: the weights are copied to a staging buffer on this thread
-and sent by the publisher's background thread. Nothing here assumes a single consumer or a single
+and sent by the publisher's background thread (any ``WeightPublisher`` of
+:mod:`zbrl.transport.weight_sync`). Nothing here assumes a single consumer or a single
 producer: the buffer hands out batches by ticket order and the weight store serves any number of
 receivers.
 """
@@ -17,23 +18,28 @@ from typing import Any
 from zbrl.telemetry.spans import TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
 from zbrl.training.checkpoint import save_checkpoint
 from zbrl.training.train_step import Trainer
-from zbrl.transport.handles import Handle
-from zbrl.transport.weights import WeightPublisher
+from zbrl.transport.clients import BufferClient
+from zbrl.transport.weight_sync.base import WeightPublisher
 from zbrl.types import TrainBatch
+
+POLL_TIMEOUT_S = 1.0
+"""Longest single wait in ``take``; the consumer waits again until a batch or the end comes."""
 
 
 @dataclass(frozen=True)
 class ConsumerSettings:
-    """Loop settings of a consumer."""
+    """Loop settings of a consumer (every field is filled by
+    ``zbrl.assembly.settings.consumer_settings``; none has a default of its own)."""
 
     groups_per_step: int
     max_steps: int | None
     checkpoint_dir: str
-    save_interval: int = 0
-    save_final: bool = True
-    log_rollout_interval: int = 0
-    rollouts_per_log: int = 4
-    poll_timeout_s: float = 1.0
+    save_interval: int
+    """Save a checkpoint every this many steps (0: never)."""
+    save_final: bool
+    log_rollout_interval: int
+    """Report decoded rollouts every this many steps (0: never)."""
+    rollouts_per_log: int
 
 
 @dataclass
@@ -54,7 +60,7 @@ class Consumer:
         self,
         settings: ConsumerSettings,
         trainer: Trainer,
-        buffer: Handle,
+        buffer: BufferClient,
         publisher: WeightPublisher,
         recorder: SpanRecorder,
         *,
@@ -87,7 +93,7 @@ class Consumer:
             if self.settings.save_final:
                 final = str(self._save())
         finally:
-            self.buffer.call("close")  # producers still waiting for admission stop now
+            self.buffer.close()  # producers still waiting for admission stop now
         return ConsumerResult(
             steps=self.version,
             groups_trained=self.groups_trained,
@@ -99,9 +105,7 @@ class Consumer:
     def _wait_for_batch(self) -> TrainBatch | None:
         with self.recorder.span(WAIT_FOR_DATA, step=self.version):
             while True:
-                status, batch = self.buffer.call(
-                    "take", self.settings.groups_per_step, self.settings.poll_timeout_s
-                )
+                status, batch = self.buffer.take(self.settings.groups_per_step, POLL_TIMEOUT_S)
                 if status != "timeout":
                     return batch
 
@@ -111,13 +115,15 @@ class Consumer:
             metrics = self.trainer.train(batch.groups)
         train_s = time.time() - start
         self.version += 1
-        self.publisher.publish(self.version, self.trainer.policy.state_dict())
-        self.buffer.call("advance_version", self.version)
+        weights = self.trainer.engine.full_state_dict()  # a collective on sharded engines
+        if self.trainer.engine.rank == 0:
+            self.publisher.publish(self.version, weights)
+        self.buffer.advance_version(self.version)
         self.groups_trained += len(batch.groups)
         self.samples_trained += sum(g.group_size for g in batch.groups)
         self.partial_batches += int(batch.partial)
         metrics.update(_batch_metrics(batch, self.version - 1, train_s))
-        snapshot = self.buffer.call("snapshot")
+        snapshot = self.buffer.snapshot()
         metrics["sample_utilization"] = snapshot["sample_utilization"]
         if self.settings.save_interval and self.version % self.settings.save_interval == 0:
             self._save()
@@ -152,7 +158,31 @@ class Consumer:
 
     def _save(self) -> Path:
         path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"
-        return save_checkpoint(self.trainer.policy, self.tokenizer, path)
+        return save_checkpoint(self.trainer.engine, self.tokenizer, path)
+
+    # -- resume ----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed consumer needs (a plain picklable dict, tensors on CPU): ``version``
+        (policy version = steps done), the counters ``groups_trained``, ``samples_trained`` and
+        ``partial_batches``, and ``engine`` (the engine's ``state_dict``: weights, optimizer,
+        LR schedule). Take it between steps. Nothing calls this from the driver yet (resume is a
+        later issue)."""
+        return {
+            "version": self.version,
+            "groups_trained": self.groups_trained,
+            "samples_trained": self.samples_trained,
+            "partial_batches": self.partial_batches,
+            "engine": self.trainer.engine.state_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` of a consumer built with the same model and config."""
+        self.trainer.engine.load_state_dict(state["engine"])
+        self.version = state["version"]
+        self.groups_trained = state["groups_trained"]
+        self.samples_trained = state["samples_trained"]
+        self.partial_batches = state["partial_batches"]
 
 
 def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[str, float]:

@@ -1,9 +1,11 @@
-"""One training step: advantages, micro-batched forward/backward with exact gradient
-accumulation, clipping, the optimizer step and the LR schedule."""
+"""One training step: advantages, rows, micro-batched forward/backward with exact gradient
+accumulation, the loss and its metrics. The model, optimizer, scheduler, gradient sync and
+clipping belong to the :class:`~zbrl.training.engine.base.Engine` the step drives, so the same
+step runs on one process or data-parallel ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,50 +14,43 @@ from zbrl.algorithms.advantages import compute_advantages
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.algorithms.logprobs import logprobs_and_entropy
 from zbrl.algorithms.policy_loss import LossConfig, LossInputs, compute_policy_loss
+from zbrl.training.engine.base import Engine
 from zbrl.training.rows import MicroBatch, Row, build_rows, collate, split, trained_token_count
 from zbrl.types import RolloutGroup
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Everything one training step needs besides the models (built from the RunConfig)."""
+    """Everything one training step needs besides the engine (every field is filled by
+    ``zbrl.assembly.settings.step_settings``; none has a default of its own)."""
 
     advantage: str
     loss: LossConfig
-    policy_loss: str = "ppo_clip"
-    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
-    minibatch_groups: int | None = None
-    microbatch_size: int = 8
-    filter_truncated: bool = False
-    loss_filter_range: tuple[float, float] | None = None
-    max_norm: float = 1.0
-    norm_tokens: float = 1.0
-    logprob_chunk_size: int = 1024
-    pad_id: int = 0
+    policy_loss: str
+    advantage_kwargs: dict[str, Any]
+    minibatch_groups: int | None
+    microbatch_size: int
+    filter_truncated: bool
+    loss_filter_range: tuple[float, float] | None
+    max_norm: float
+    norm_tokens: float
+    logprob_chunk_size: int
+    pad_id: int
 
 
 class Trainer:
-    """Owns the policy (and frozen reference), the optimizer and the LR scheduler."""
+    """The RL train step over an :class:`~zbrl.training.engine.base.Engine` (which owns the
+    policy, the frozen reference, the optimizer and the LR scheduler)."""
 
-    def __init__(
-        self,
-        policy: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        settings: StepSettings,
-        *,
-        reference: torch.nn.Module | None = None,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        if settings.loss.beta > 0 and reference is None:
+    def __init__(self, engine: Engine, settings: StepSettings) -> None:
+        if settings.loss.beta > 0 and not engine.has_reference:
             raise ValueError("algorithm.beta > 0 needs a reference model")
-        self.policy = policy
-        self.reference = reference
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.engine = engine
         self.settings = settings
-        self.device = torch.device(device)
-        self.optimizer_steps = 0
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.engine.optimizer_steps
 
     def train(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Train on one batch of groups (one or more optimizer steps); returns step metrics."""
@@ -80,40 +75,37 @@ class Trainer:
 
     def _optimizer_step(self, rows: list[Row]) -> dict[str, float]:
         s = self.settings
+        engine = self.engine
         tokens, seqs = trained_token_count(rows)
-        norm = Normalisers(tokens=float(tokens), seqs=float(seqs), norm_tokens=s.norm_tokens)
-        self.policy.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        local = Normalisers(tokens=float(tokens), seqs=float(seqs), norm_tokens=s.norm_tokens)
+        norm = engine.reduce_normalisers(local)
+        engine.zero_grad()
         weighted = _Totals()
         loss_sum = 0.0
-        for micro_rows in split(rows, s.microbatch_size):
-            mb = collate(micro_rows, s.pad_id)
-            out = self._micro_step(mb, norm)
-            out.loss.backward()
+        micro_batches = split(rows, s.microbatch_size)
+        for i, micro_rows in enumerate(micro_batches):
+            with engine.microbatch(last=i == len(micro_batches) - 1):
+                out = self._micro_step(collate(micro_rows, s.pad_id), norm)
+                engine.backward(out.loss)
             loss_sum += float(out.loss.detach())
             weighted.add(out.metrics, weight=out.metrics.get("num_tokens", 0.0))
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer_steps += 1
+        lr = engine.current_lr()
+        grad_norm = engine.clip_and_step(s.max_norm)
         metrics = weighted.means()
-        metrics.update(
-            loss=loss_sum, grad_norm=float(grad_norm), lr=float(lr), trained_tokens=float(tokens)
-        )
+        metrics.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, trained_tokens=float(tokens))
         return metrics
 
     def _micro_step(self, mb: MicroBatch, norm: Normalisers):
         s = self.settings
-        dev = self.device
+        dev = self.engine.device
         input_ids, attention = mb.input_ids_BT.to(dev), mb.attention_BT.to(dev)
         targets = mb.targets_BT.to(dev)
-        logits = self.policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        logits = self.engine.policy_logits(input_ids, attention)[:, :-1]
         logp, entropy = self._logprobs(logits, targets, mb.temperatures_B)
         ref_logp = None
         if s.loss.beta > 0:
             with torch.no_grad():
-                ref_logits = self.reference(input_ids=input_ids, attention_mask=attention).logits
+                ref_logits = self.engine.reference_logits(input_ids, attention)
                 ref_logp, _ = self._logprobs(ref_logits[:, :-1], targets, mb.temperatures_B)
         if s.loss.entropy_coef == 0 and entropy is not None:
             entropy = entropy.detach()

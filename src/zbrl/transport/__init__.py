@@ -1,18 +1,21 @@
-"""Rollout buffer and weight sync (plain classes; ``zbrl.launch`` turns them into actors)."""
+"""Rollout buffer, typed clients and weight sync (plain classes; ``zbrl.launch`` turns the shared
+objects into actors)."""
 
 from zbrl.transport.buffer import BufferSettings, BufferStats, RolloutBuffer
+from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import Handle, LocalHandle, RayHandle
-from zbrl.transport.weights import WeightPublisher, WeightReceiver, WeightStore, cpu_copy
+from zbrl.transport.weight_sync import WeightPublisher, WeightReceiver
 
 __all__ = [
+    "BufferClient",
     "BufferSettings",
     "BufferStats",
     "Handle",
+    "HubClient",
     "LocalHandle",
     "RayHandle",
     "RolloutBuffer",
     "WeightPublisher",
     "WeightReceiver",
-    "WeightStore",
-    "cpu_copy",
+    "WeightStoreClient",
 ]

@@ -17,25 +17,33 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from zbrl.algorithms.filters import group_in_accuracy_range
 from zbrl.types import Reservation, RolloutGroup, TrainBatch
 
 _DROPPED = object()
 
+TakeResult = tuple[str, TrainBatch | None]
+"""``("batch", batch)``, ``("end", None)`` or ``("timeout", None)`` (see ``RolloutBuffer.take``)."""
+
 
 @dataclass(frozen=True)
 class BufferSettings:
-    """What the buffer needs from the run configuration."""
+    """What the buffer needs from the run configuration (every field is filled by
+    ``zbrl.assembly.settings.buffer_settings``; none has a default of its own)."""
 
     groups_per_step: int
     max_staleness: int
     num_producers: int
-    filter_range: tuple[float, float] | None = None
-    dynamic_batching: bool = True
-    drop_all_truncated_groups: bool = False
-    capacity: int | None = None
+    filter_range: tuple[float, float] | None
+    """Accuracy range a group must fall in to be kept (None: keep all)."""
+    dynamic_batching: bool
+    """Filter by ``filter_range`` here (else the trainer masks such groups in the loss)."""
+    drop_all_truncated_groups: bool
+    capacity: int | None
+    """Groups held at most (None: only the staleness rule bounds it)."""
 
 
 @dataclass
@@ -138,9 +146,7 @@ class RolloutBuffer:
 
     # -- consumers -----------------------------------------------------------------------------
 
-    def take(
-        self, n: int | None = None, timeout: float | None = None
-    ) -> tuple[str, TrainBatch | None]:
+    def take(self, n: int | None = None, timeout: float | None = None) -> TakeResult:
         """Block until ``n`` effective groups are ready in ticket order and return them.
 
         Returns ``("batch", batch)``; when every producer has finished and fewer remain, they come
@@ -192,6 +198,58 @@ class RolloutBuffer:
             )
             out["pending_groups"] = float(sum(v is None for v in self._slots.values()))
             return out
+
+    # -- resume ----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly where this buffer is (a plain picklable dict).
+
+        Fields: ``version`` (policy version admission counts from), ``next_ticket`` (the next
+        ticket to grant), ``dropped`` (tickets dropped so far: filtered, released, stale; with
+        ``next_ticket`` it gives ``effective_started``), ``head`` (lowest ticket not consumed),
+        ``ready`` (ticket → stored RolloutGroup, not yet taken), ``pending`` (tickets granted and
+        not yet filled or released), ``dropped_tickets`` (tickets at or above ``head`` already
+        dropped), ``finished`` (producers that reported the end of their data), ``raw`` (per-group
+        pre-filter metrics not yet reported with a batch) and ``stats`` (the counters). Not
+        included: the settings (they come from the config) and whether the buffer is closed (a
+        loaded buffer is open).
+
+        Pending tickets belong to reservations in flight: restored as pending, the consumer waits
+        for them in ticket order, so whoever resumes must have their producers fill them or
+        ``release`` them. Nothing calls this from the driver yet (resume is a later issue).
+        """
+        with self._cond:
+            ready = {t: v for t, v in self._slots.items() if isinstance(v, RolloutGroup)}
+            return {
+                "version": self._version,
+                "next_ticket": self._next_ticket,
+                "dropped": self._dropped,
+                "head": self._head,
+                "ready": ready,
+                "pending": sorted(t for t, v in self._slots.items() if v is None),
+                "dropped_tickets": sorted(t for t, v in self._slots.items() if v is _DROPPED),
+                "finished": sorted(self._finished),
+                "raw": list(self._raw),
+                "stats": asdict(self.stats),
+            }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` of a buffer built with the same settings."""
+        slots: dict[int, object] = {t: _DROPPED for t in state["dropped_tickets"]}
+        slots.update({t: None for t in state["pending"]})
+        slots.update(state["ready"])
+        with self._cond:
+            self._version = state["version"]
+            self._next_ticket = state["next_ticket"]
+            self._dropped = state["dropped"]
+            self._head = state["head"]
+            self._slots = dict(sorted(slots.items()))
+            self._finished = set(state["finished"])
+            self._raw = [tuple(r) for r in state["raw"]]
+            stats = dict(state["stats"])
+            stats["per_reason"] = dict(stats["per_reason"])
+            self.stats = BufferStats(**stats)
+            self._cond.notify_all()
 
     # -- internals -----------------------------------------------------------------------------
 

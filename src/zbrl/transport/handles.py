@@ -2,31 +2,50 @@
 
 ``transport`` never creates actors (only ``zbrl.launch`` does); it only talks to handles it is
 given, so Producer and Consumer run unchanged in one process with local handles.
+
+A handle is called with the target class's method itself (``handle.call(RolloutBuffer.take, n)``),
+never with a name string, so a misspelt method is an AttributeError where the call is written and
+a type checker sees it. Roles do not call handles directly: they use the typed clients of
+:mod:`zbrl.transport.clients`, the one place per target that names its methods.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+R = TypeVar("R")
 
 
 class Handle(Protocol):
     """Call a method of a shared object and wait for its result."""
 
-    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any: ...
+    def call(self, method: Callable[..., R], *args: Any, timeout: float | None = None) -> R:
+        """Run ``method`` (a function of the target's class, e.g. ``RolloutBuffer.take``) on the
+        target with ``args``; ``timeout`` bounds the wait for a remote result."""
+        ...
 
-    def put_object(self, value: Any) -> Any: ...
+    def put_object(self, value: Any) -> Any:
+        """Store ``value`` where any process can fetch it; returns a small payload to send."""
+        ...
 
-    def get_object(self, payload: Any, timeout: float | None = None) -> Any: ...
+    def get_object(self, payload: Any, timeout: float | None = None) -> Any:
+        """The value stored by :meth:`put_object`."""
+        ...
 
 
 class LocalHandle:
-    """An in-process object; payloads are passed by reference."""
+    """An in-process object; payloads are passed by reference.
+
+    The method is looked up by its name on the target, so a test stub that defines the same
+    methods stands in for the real class.
+    """
 
     def __init__(self, target: Any) -> None:
         self.target = target
 
-    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        return getattr(self.target, method)(*args)
+    def call(self, method: Callable[..., R], *args: Any, timeout: float | None = None) -> R:
+        return getattr(self.target, method.__name__)(*args)
 
     def put_object(self, value: Any) -> Any:
         return value
@@ -43,10 +62,10 @@ class RayHandle:
         self.actor = actor
         self.default_timeout = default_timeout
 
-    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+    def call(self, method: Callable[..., R], *args: Any, timeout: float | None = None) -> R:
         import ray
 
-        ref = getattr(self.actor, method).remote(*args)
+        ref = getattr(self.actor, method.__name__).remote(*args)
         return ray.get(ref, timeout=timeout if timeout is not None else self.default_timeout)
 
     def put_object(self, value: Any) -> Any:

@@ -8,7 +8,7 @@ GPUs) plugs in without touching the Producer.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
@@ -16,14 +16,21 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: temperature 0 means greedy."""
+    """How to sample (every field is filled by ``zbrl.assembly.settings.sampling_params`` or
+    ``eval_sampling_params``; none has a default of its own)."""
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 256
-    stop_strings: tuple[str, ...] = field(default_factory=tuple)
+    n: int
+    """Completions per prompt."""
+    temperature: float
+    """Sampling temperature; 0 means greedy."""
+    top_p: float
+    """Nucleus sampling mass (1.0: off)."""
+    top_k: int
+    """Top-k sampling (-1: off)."""
+    max_new_tokens: int
+    """Generation budget per completion."""
+    stop_strings: tuple[str, ...]
+    """Strings that end a completion."""
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""Weight sync: the consumer publishes versioned weights, producers receive them in the background.
+"""Weight sync over the Ray object store (``transport.weight_sync.type: object_store``).
 
-The protocol (DESIGN §1) is split across the two sides of the wire:
-``WeightPublisher.publish(version, named_tensors)`` on the consumer, ``WeightReceiver.poll()`` and
-``WeightReceiver.receive_into(target)`` on a producer. This module implements it over the Ray
-object store: a published version is one immutable object (a CPU copy of every tensor, taken on
+Implements the protocol of :mod:`zbrl.transport.weight_sync.base`:
+``ObjectStorePublisher.publish(version, named_tensors)`` on the consumer,
+``ObjectStoreReceiver.poll()`` and ``ObjectStoreReceiver.receive_into(load)`` on a producer. Over
+the object store: a published version is one immutable object (a CPU copy of every tensor, taken on
 the training thread), sent by a background thread, and announced to a small ``WeightStore``. The
 object store caches the latest weights for every producer. A version is never torn: each one is
 its own copy, and a newer version supersedes an older one that is still waiting to be sent.
@@ -13,26 +13,31 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
-from zbrl.transport.handles import Handle
+from zbrl.transport.weight_sync.base import NamedTensors
 from zbrl.types import WeightsMessage
 
-NamedTensors = Mapping[str, torch.Tensor]
+if TYPE_CHECKING:  # clients.py imports this module (for WeightStore)
+    from zbrl.transport.clients import WeightStoreClient
 
 
 class WeightStore:
-    """Holds the announcement of the newest published version (a plain class; an actor in runs)."""
+    """Holds the announcement of the newest published version (a plain class; an actor in runs).
+
+    Reached through :class:`zbrl.transport.clients.WeightStoreClient`.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._latest: WeightsMessage | None = None
 
     def put(self, message: WeightsMessage) -> bool:
+        """Announce ``message``; False (and ignored) when it is not newer than the latest."""
         with self._lock:
             if self._latest is not None and message.version <= self._latest.version:
                 return False
@@ -67,10 +72,10 @@ def cpu_copy(named_tensors: NamedTensors) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in named_tensors.items()}
 
 
-class WeightPublisher:
+class ObjectStorePublisher:
     """Consumer side: copy to staging on the calling thread, send from a background thread."""
 
-    def __init__(self, store: Handle, recorder: SpanRecorder | None = None) -> None:
+    def __init__(self, store: WeightStoreClient, recorder: SpanRecorder | None = None) -> None:
         self._store = store
         self._recorder = recorder
         self._cond = threading.Condition()
@@ -138,20 +143,20 @@ class WeightPublisher:
 
     def _send(self, version: int, staged: dict[str, torch.Tensor], staged_at: float) -> None:
         start = time.time()
-        payload = self._store.put_object(staged)
-        self._store.call("put", WeightsMessage(version, staged_at, payload))
+        payload = self._store.put_payload(staged)
+        self._store.announce(WeightsMessage(version, staged_at, payload))
         if self._recorder is not None:
             self._recorder.record(
                 PUBLISH_WEIGHTS, start, time.time(), thread="weights", version=version
             )
 
 
-class WeightReceiver:
+class ObjectStoreReceiver:
     """Producer side: a background thread fetches newer versions; the caller swaps them in."""
 
     def __init__(
         self,
-        store: Handle,
+        store: WeightStoreClient,
         recorder: SpanRecorder | None = None,
         poll_interval_s: float = 0.5,
         *,
@@ -236,12 +241,12 @@ class WeightReceiver:
     def _fetch_newer(self) -> None:
         """Long-poll the store (at most ``poll_interval_s`` per call) and fetch a newer version."""
         have = -1 if self._fetched is None else self._fetched.version
-        if self._store.call("wait_for_newer", have, self._poll_interval_s) <= have:
+        if self._store.wait_for_newer(have, self._poll_interval_s) <= have:
             return
-        message: WeightsMessage | None = self._store.call("latest")
+        message = self._store.latest()
         if message is None or message.version <= have:
             return
-        state = self._store.get_object(message.payload)
+        state = self._store.get_payload(message.payload)
         with self._cond:
             self._fetched = WeightsMessage(message.version, message.published_at, state)
             self._cond.notify_all()

@@ -1,0 +1,113 @@
+"""The training engine: what the train step asks of the model, optimizer and devices.
+
+The train step (:class:`zbrl.training.train_step.Trainer`) owns the RL logic: advantages, rows,
+micro-batching, the loss and its aggregation, metrics. An engine owns everything that changes when
+training is spread over processes: the policy (and frozen reference), the optimizer, the LR
+scheduler, the device, gradient synchronisation and how full weights are gathered. The
+single-process engine (:mod:`.single`) is the only one today; data-parallel (DDP) and sharded
+(FSDP2) engines implement the same interface, so the step runs unchanged on them.
+
+One optimizer step, as the trainer drives it::
+
+    norm = engine.reduce_normalisers(local_norm)      # global token / sequence counts
+    engine.zero_grad()
+    for i, micro in enumerate(micro_batches):
+        with engine.microbatch(last=i == len(micro_batches) - 1):
+            logits_BTV = engine.policy_logits(micro.input_ids_BT, micro.attention_BT)
+            loss = ...                                 # normalised by the global ``norm``
+            engine.backward(loss)
+    lr = engine.current_lr()
+    grad_norm = engine.clip_and_step(max_norm)
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from zbrl.algorithms.aggregation import Normalisers
+
+
+class Engine(Protocol):
+    """Model, optimizer and scheduler of one training process (see the module docstring)."""
+
+    rank: int
+    """This process's rank in the training group (0 for a single process)."""
+    world_size: int
+    """Processes training the same policy together (1 for a single process)."""
+    device: torch.device
+    """Where micro-batch tensors go before the forward pass."""
+    optimizer_steps: int
+    """Optimizer steps taken so far (part of :meth:`state_dict`)."""
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether a frozen reference model exists (needed when the KL penalty is on)."""
+        ...
+
+    def zero_grad(self) -> None:
+        """Start an optimizer step: the policy in training mode, gradients cleared."""
+        ...
+
+    def microbatch(self, last: bool) -> AbstractContextManager[Any]:
+        """Context for one micro-batch's forward and backward. Data-parallel engines synchronise
+        gradients only when ``last`` is True (the last micro-batch of the optimizer step);
+        every rank must run the same number of micro-batches per step."""
+        ...
+
+    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
+        """Policy logits ``[B, T, V]`` for right-padded inputs (on :attr:`device`), with grad."""
+        ...
+
+    def reference_logits(
+        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
+    ) -> torch.Tensor:
+        """Frozen reference logits ``[B, T, V]`` without grad; ValueError when there is none."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate gradients of ``loss``: this rank's share of the step objective, already
+        divided by the *global* normalisers. An engine whose gradient reduction averages over
+        ranks (DDP, FSDP2) scales by ``world_size`` so the reduced gradient is the sum."""
+        ...
+
+    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
+        """Global normalisers from this rank's counts of one optimizer step (identity for one
+        process; data-parallel engines all-reduce ``tokens`` and ``seqs`` with SUM). A collective:
+        every rank calls it once per optimizer step."""
+        ...
+
+    def current_lr(self) -> float:
+        """Learning rate the next :meth:`clip_and_step` applies."""
+        ...
+
+    def clip_and_step(self, max_norm: float) -> float:
+        """Clip the gradient's global norm to ``max_norm``, step the optimizer and the LR
+        schedule, count the step; returns the norm before clipping (over all ranks/shards)."""
+        ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's full, unsharded weights by ``state_dict`` name: what weight sync
+        publishes. Sharded engines gather (a collective: every rank calls it) and return the
+        weights on rank 0 and an empty dict elsewhere. May share storage with the live model:
+        copy before the next step changes it."""
+        ...
+
+    def save_pretrained(self, directory: Path) -> None:
+        """Write the policy to ``directory`` loadable with ``from_pretrained`` (collective for
+        sharded engines; only rank 0 writes)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume training exactly: policy weights, optimizer state, LR
+        schedule position, :attr:`optimizer_steps`. A snapshot (later steps do not change it),
+        picklable, tensors on CPU. The frozen reference is not included (it is rebuilt from the
+        model directory). Nothing calls it from the driver yet (resume is a later issue)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of an engine built with the same model and config."""
+        ...

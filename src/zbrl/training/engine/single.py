@@ -1,0 +1,109 @@
+"""The single-process engine: one policy on one device, plain autograd, no gradient sync."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zbrl.algorithms.aggregation import Normalisers
+
+
+class SingleProcessEngine:
+    """:class:`~zbrl.training.engine.base.Engine` for one process (rank 0 of 1).
+
+    Takes a built policy (already on ``device``), its optimizer and LR scheduler, and an optional
+    frozen reference model.
+    """
+
+    rank = 0
+    world_size = 1
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        *,
+        reference: torch.nn.Module | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.policy = policy
+        self.reference = reference
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.device = torch.device(device)
+        self.optimizer_steps = 0
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    def zero_grad(self) -> None:
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def microbatch(self, last: bool) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
+        return self.policy(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+    def reference_logits(
+        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
+    ) -> torch.Tensor:
+        if self.reference is None:
+            raise ValueError("this engine has no reference model (algorithm.beta is 0)")
+        with torch.no_grad():
+            return self.reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
+        return norm
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def clip_and_step(self, max_norm: float) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(grad_norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.policy.state_dict()
+
+    def save_pretrained(self, directory: Path) -> None:
+        self.policy.save_pretrained(directory, safe_serialization=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return cpu_snapshot(
+            {
+                "policy": self.policy.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "optimizer_steps": self.optimizer_steps,
+            }
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = state["optimizer_steps"]
+
+
+def cpu_snapshot(obj: Any) -> Any:
+    """A copy of nested dicts/lists/tuples whose tensors are detached CPU copies."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_snapshot(v) for v in obj)
+    return obj

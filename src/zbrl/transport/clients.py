@@ -1,0 +1,100 @@
+"""Typed clients of the shared objects: the rollout buffer, the weight store and the telemetry hub.
+
+Each client wraps a :class:`~zbrl.transport.handles.Handle` (``LocalHandle`` in one process,
+``RayHandle`` for an actor) and is the one place that names its target's methods, as functions
+of the target class (``RolloutBuffer.take``) rather than name strings: roles call
+``buffer.take(n, timeout)``, and a misspelt method is an AttributeError (and a type-checker
+error) instead of a runtime Ray error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zbrl.telemetry.hub import TelemetryHub
+from zbrl.transport.buffer import RolloutBuffer, TakeResult
+from zbrl.transport.handles import Handle
+from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.types import Reservation, RolloutGroup, WeightsMessage
+
+
+class BufferClient:
+    """The :class:`~zbrl.transport.buffer.RolloutBuffer` as producers, consumers and the driver
+    see it (see its methods for the contracts)."""
+
+    def __init__(self, handle: Handle) -> None:
+        self.handle = handle
+
+    # producers
+    def reserve(self, producer: int, n: int, timeout: float | None) -> Reservation | None:
+        return self.handle.call(RolloutBuffer.reserve, producer, n, timeout)
+
+    def put(self, groups: list[RolloutGroup]) -> None:
+        self.handle.call(RolloutBuffer.put, groups)
+
+    def release(self, tickets: list[int]) -> None:
+        self.handle.call(RolloutBuffer.release, tickets)
+
+    def producer_finished(self, producer: int) -> None:
+        self.handle.call(RolloutBuffer.producer_finished, producer)
+
+    # consumers
+    def take(self, n: int | None, timeout: float | None) -> TakeResult:
+        return self.handle.call(RolloutBuffer.take, n, timeout)
+
+    def advance_version(self, version: int) -> None:
+        self.handle.call(RolloutBuffer.advance_version, version)
+
+    def close(self) -> None:
+        self.handle.call(RolloutBuffer.close)
+
+    # anyone
+    def snapshot(self) -> dict[str, float]:
+        return self.handle.call(RolloutBuffer.snapshot)
+
+
+class WeightStoreClient:
+    """The :class:`~zbrl.transport.weight_sync.object_store.WeightStore` and the object store its
+    announcements point into."""
+
+    def __init__(self, handle: Handle) -> None:
+        self.handle = handle
+
+    def announce(self, message: WeightsMessage) -> bool:
+        """Make ``message`` the latest version (False when it is not newer)."""
+        return self.handle.call(WeightStore.put, message)
+
+    def wait_for_newer(self, have: int, timeout: float) -> int:
+        return self.handle.call(WeightStore.wait_for_newer, have, timeout)
+
+    def latest(self) -> WeightsMessage | None:
+        return self.handle.call(WeightStore.latest)
+
+    def latest_version(self) -> int:
+        return self.handle.call(WeightStore.latest_version)
+
+    def put_payload(self, value: Any) -> Any:
+        """Store ``value`` (a state dict) in the object store; returns what to announce."""
+        return self.handle.put_object(value)
+
+    def get_payload(self, payload: Any, timeout: float | None = None) -> Any:
+        return self.handle.get_object(payload, timeout)
+
+
+class HubClient:
+    """The :class:`~zbrl.telemetry.hub.TelemetryHub` (workers send, the driver drains)."""
+
+    def __init__(self, handle: Handle) -> None:
+        self.handle = handle
+
+    def add_spans(self, spans: list[dict[str, Any]]) -> None:
+        self.handle.call(TelemetryHub.add_spans, spans)
+
+    def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.handle.call(TelemetryHub.add_metrics, step, metrics)
+
+    def add_event(self, kind: str, data: Any) -> None:
+        self.handle.call(TelemetryHub.add_event, kind, data)
+
+    def drain(self, timeout: float | None = None) -> dict[str, list]:
+        return self.handle.call(TelemetryHub.drain, timeout=timeout)

@@ -1,0 +1,75 @@
+"""The weight-sync protocol (DESIGN §1): how trained weights reach the producers and evaluator.
+
+The protocol has two sides. The consumer holds a :class:`WeightPublisher` and calls
+``publish(version, named_tensors)`` after every step; producers and the evaluator hold a
+:class:`WeightReceiver` that fetches newer versions in the background (``poll`` says which one is
+ready) and swaps one in with ``receive_into(load_fn)`` when the caller chooses (between generation
+batches). Roles depend only on these protocols; :mod:`~zbrl.transport.weight_sync.factory` picks
+the implementation from ``transport.weight_sync``. Implementations: the Ray object store
+(:mod:`~zbrl.transport.weight_sync.object_store`, the default); a torch.distributed broadcast group
+is planned.
+
+Guarantees every implementation keeps: versions only go up (a publish older than the newest one
+may be dropped); a version is never torn (a receiver loads exactly the tensors one ``publish`` was
+given, even while training goes on); ``publish`` does not wait for the transfer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+NamedTensors = Mapping[str, torch.Tensor]
+"""Tensors by their name in the trained model's ``state_dict``."""
+
+
+class WeightPublisher(Protocol):
+    """Consumer side of weight sync."""
+
+    def publish(self, version: int, named_tensors: NamedTensors) -> None:
+        """Make ``named_tensors`` version ``version``; returns before the transfer finishes (the
+        tensors are copied first, so the caller may change them at once). Raises a
+        RuntimeError naming the cause if an earlier background transfer failed."""
+        ...
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Block until the newest published version has reached the receivers' side; raises
+        TimeoutError after ``timeout`` seconds."""
+        ...
+
+    def close(self) -> None:
+        """Stop the background sender; unsent versions are dropped (``flush`` first)."""
+        ...
+
+
+class WeightReceiver(Protocol):
+    """Producer / evaluator side of weight sync."""
+
+    @property
+    def loaded_version(self) -> int:
+        """The version last loaded through :meth:`receive_into` (or the initial version)."""
+        ...
+
+    @property
+    def latencies_s(self) -> list[float]:
+        """Seconds from publish to loaded, one per version loaded."""
+        ...
+
+    def poll(self) -> int:
+        """Newest version fetched and ready to load (-1 when none); does not block."""
+        ...
+
+    def wait_for(self, version: int, timeout: float | None = None) -> bool:
+        """Block until a version >= ``version`` is ready to load; False on timeout or close."""
+        ...
+
+    def receive_into(self, load: Callable[[dict[str, torch.Tensor]], Any]) -> bool:
+        """Load the newest ready version through ``load`` if it is newer than the loaded one (on
+        the calling thread); True when something was loaded."""
+        ...
+
+    def close(self) -> None:
+        """Stop fetching and wake every waiter."""
+        ...

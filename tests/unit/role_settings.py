@@ -1,0 +1,43 @@
+"""Role settings for unit tests, built the way a run builds them: from a RunConfig
+(``load_config(None, overrides)``) through :mod:`zbrl.assembly.settings`, then with the fields a
+test is about replaced. Settings dataclasses have no defaults of their own, so this is the one
+way tests get a complete, config-consistent settings object."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from zbrl.assembly import settings
+from zbrl.config import RunConfig, load_config
+
+
+@lru_cache(maxsize=32)
+def _cached_config(overrides: tuple[str, ...]) -> RunConfig:
+    return load_config(None, list(overrides))
+
+
+def run_config(*overrides: str) -> RunConfig:
+    """The default RunConfig with dotted ``overrides`` (``"training.train_batch_size=2"``)."""
+    return _cached_config(tuple(overrides))
+
+
+def sampling_params(*overrides: str, **fields: Any):
+    return replace(settings.sampling_params(run_config(*overrides)), **fields)
+
+
+def buffer_settings(*overrides: str, **fields: Any):
+    return replace(settings.buffer_settings(run_config(*overrides)), **fields)
+
+
+def producer_settings(*overrides: str, index: int = 0, **fields: Any):
+    return replace(settings.producer_settings(run_config(*overrides), index), **fields)
+
+
+def consumer_settings(run_dir: str, *overrides: str, **fields: Any):
+    return replace(settings.consumer_settings(run_config(*overrides), run_dir), **fields)
+
+
+def step_settings(*overrides: str, pad_id: int = 0, **fields: Any):
+    return replace(settings.step_settings(run_config(*overrides), pad_id), **fields)

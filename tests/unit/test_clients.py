@@ -1,0 +1,110 @@
+"""Typed clients: each call reaches its target's method (in-process handles, no Ray)."""
+
+import re
+from pathlib import Path
+
+import torch
+from role_settings import buffer_settings
+
+from zbrl.telemetry.hub import TelemetryHub
+from zbrl.transport.buffer import RolloutBuffer
+from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
+from zbrl.transport.handles import LocalHandle
+from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.types import RolloutGroup, WeightsMessage
+
+
+class RecordingHandle(LocalHandle):
+    """Records the methods a client passes (functions of the target class, never strings)."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.methods = []
+
+    def call(self, method, *args, timeout=None):
+        self.methods.append(method)
+        return super().call(method, *args, timeout=timeout)
+
+
+def group(ticket):
+    return RolloutGroup(
+        uid=f"u{ticket}",
+        prompt_ids=[1],
+        response_ids=[torch.tensor([2]), torch.tensor([3])],
+        behaviour_logprobs=[torch.zeros(1), torch.zeros(1)],
+        rewards=[0.0, 1.0],
+        format_acc=[1.0, 1.0],
+        ans_acc=[0.0, 1.0],
+        truncated=[False, False],
+        policy_version=0,
+        temperature=1.0,
+        producer=0,
+        ticket=ticket,
+    )
+
+
+def test_buffer_client_drives_the_buffer():
+    handle = RecordingHandle(
+        RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1))
+    )
+    client = BufferClient(handle)
+    res = client.reserve(0, 3, 0)
+    assert res.tickets == [0, 1]
+    client.put([group(0)])
+    client.release([1])
+    client.producer_finished(0)
+    status, batch = client.take(2, 0)
+    assert status == "batch" and batch.partial and [g.uid for g in batch.groups] == ["u0"]
+    client.advance_version(1)
+    assert client.snapshot()["version"] == 1.0
+    client.close()
+    assert client.reserve(0, 1, 0) is None
+    assert handle.methods[:8] == [
+        RolloutBuffer.reserve,
+        RolloutBuffer.put,
+        RolloutBuffer.release,
+        RolloutBuffer.producer_finished,
+        RolloutBuffer.take,
+        RolloutBuffer.advance_version,
+        RolloutBuffer.snapshot,
+        RolloutBuffer.close,
+    ]
+
+
+def test_weight_store_client_announces_and_fetches():
+    client = WeightStoreClient(RecordingHandle(WeightStore()))
+    assert client.latest() is None and client.latest_version() == -1
+    payload = client.put_payload({"w": torch.ones(2)})
+    assert client.announce(WeightsMessage(2, 0.0, payload))
+    assert not client.announce(WeightsMessage(1, 0.0, payload))
+    assert client.wait_for_newer(1, 0) == 2 and client.latest_version() == 2
+    assert client.get_payload(client.latest().payload)["w"].tolist() == [1.0, 1.0]
+    assert WeightStore.put in client.handle.methods
+
+
+def test_hub_client_sends_and_drains():
+    client = HubClient(RecordingHandle(TelemetryHub()))
+    client.add_spans([{"name": "generate"}])
+    client.add_metrics(3, {"loss": 0.5})
+    client.add_event("rollouts", [{"uid": "u"}])
+    drained = client.drain(timeout=1)
+    assert drained == {
+        "spans": [{"name": "generate"}],
+        "metrics": [(3, {"loss": 0.5})],
+        "events": [("rollouts", [{"uid": "u"}])],
+    }
+    assert client.drain()["spans"] == []
+    assert client.handle.methods[-1] is TelemetryHub.drain
+
+
+def test_no_module_calls_a_shared_object_by_method_name():
+    """Method names live in the typed clients (as functions of the target class), nowhere as
+    strings: ``handle.call("take", ...)`` would fail only at run time."""
+    src = Path(__file__).resolve().parents[2] / "src" / "zbrl"
+    offenders = [
+        f"{path.relative_to(src)}:{n}"
+        for path in sorted(src.rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\.call\(\s*[\"']", line)
+    ]
+    assert offenders == []
