@@ -52,6 +52,8 @@ class RolloutGroup:
     """Decoded completions (for rollout logs)."""
     created_at: float = 0.0
     """Wall time when the group was pushed."""
+    reward_timeouts: int = 0
+    """Responses whose reward call missed its deadline (scored as failures)."""
 
     @property
     def group_size(self) -> int:

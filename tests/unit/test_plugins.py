@@ -229,7 +229,7 @@ def test_a_hanging_user_reward_times_out_as_a_failed_score(caplog):
     with caplog.at_level(logging.WARNING, logger="zbrl.rewards.registry"):
         results = reward.score_batch(["a", "b"], [{}, {}], [ctx, ctx])
     assert [r.reward for r in results] == [0.0, 0.0]
-    assert all(r.metadata["timed_out"] and r.ans_acc == 0.0 for r in results)
+    assert all(r.timed_out and r.ans_acc == 0.0 for r in results)
     assert reward.timeouts == 2
     assert "did not return within 0.5 s" in caplog.text
 

@@ -377,3 +377,22 @@ def test_producer_state_round_trip_continues_exactly(rig_factory):
     assert [g.temperature for g in resumed_groups] == [g.temperature for g in rest]
     assert [g.prompt_ids for g in resumed_groups] == [g.prompt_ids for g in rest]
     assert rest[0].temperature < 1.0 and rest[-1].temperature == 0.5
+
+
+def test_reward_timeouts_are_counted_per_group_and_summed_in_the_batch_metrics(rig_factory):
+    """Issue 15: a user reward that misses its deadline is a failed score *and* a metric."""
+    rig = rig_factory(num_prompts=2, groups_per_step=2)
+    producer, _, reward = rig.producer()
+    scored = reward.score
+
+    def flaky(response, example, ctx):  # the truncated responses time out
+        if ctx.truncated:
+            return RewardResult(0.0, 0.0, 0.0, timed_out=True)
+        return scored(response, example, ctx)
+
+    reward.score = flaky
+    producer.run()
+    status, batch = rig.buffer.take(2, 1.0)
+    assert status == "batch"
+    assert [g.reward_timeouts for g in batch.groups] == [2, 2]  # 2 of G=4 truncated per group
+    assert batch.raw_metrics["reward_timeouts"] == 4.0

@@ -42,6 +42,9 @@ class RewardResult:
     """The extracted answer or program, or None when nothing could be extracted."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Reward-specific details (per-test results for code, failure reasons, ...)."""
+    timed_out: bool = False
+    """The reward call missed its deadline (a user reward's ``reward.timeout_s``); the score is
+    a failure and is counted in the ``reward_timeouts`` metric."""
 
 
 Example = Mapping[str, Any]

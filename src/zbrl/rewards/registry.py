@@ -162,7 +162,7 @@ class FunctionReward(BaseReward):
 
     With ``timeout_s`` every call runs in a worker process that is killed when the deadline passes
     (:mod:`zbrl.rewards.deadline`, as for the math rewards): a call that misses it scores as failed
-    (reward 0.0, accuracies 0.0, ``metadata["timed_out"] = True``), with a warning; the count is
+    (reward 0.0, accuracies 0.0, ``timed_out=True``), with a warning; the count is
     :attr:`timeouts`. The function must then be importable by its path (it is, when it came from
     one). ``timeout_s=None`` calls it in-process without a deadline.
     """
@@ -204,7 +204,7 @@ class FunctionReward(BaseReward):
                 self.timeout_s,
                 self.timeouts,
             )
-            return RewardResult(0.0, 0.0, 0.0, metadata={"timed_out": True})
+            return RewardResult(0.0, 0.0, 0.0, timed_out=True)
         return to_reward_result(value, self.name)
 
 

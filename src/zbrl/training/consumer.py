@@ -202,7 +202,8 @@ def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[s
         "train_tokens_per_s": tokens / train_s if train_s > 0 else 0.0,
         "truncated_frac": sum(t for g in groups for t in g.truncated) / count,
     }
-    out.update(batch.raw_metrics)  # reward, format_acc, ans_acc, response_length (pre-filter)
+    # reward, format_acc, ans_acc, response_length (pre-filter means), reward_timeouts (a count)
+    out.update(batch.raw_metrics)
     return out
 
 

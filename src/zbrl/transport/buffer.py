@@ -84,7 +84,8 @@ class RolloutBuffer:
         self._head = 0  # lowest ticket not yet consumed
         self._finished: set[int] = set()
         self._closed = False
-        self._raw: list[tuple[float, float, float, float]] = []  # reward, fmt, acc, length
+        # per group: mean reward, format_acc, ans_acc, response length; reward timeouts (a count)
+        self._raw: list[tuple[float, float, float, float, int]] = []
         self.stats = BufferStats()
 
     # -- producers -----------------------------------------------------------------------------
@@ -287,6 +288,7 @@ class RolloutBuffer:
                 sum(group.format_acc) / g,
                 sum(group.ans_acc) / g,
                 sum(lengths) / g,
+                group.reward_timeouts,
             )
         )
 
@@ -339,9 +341,12 @@ class RolloutBuffer:
         )
 
 
-def _mean_raw(raw: list[tuple[float, float, float, float]]) -> dict[str, float]:
+def _mean_raw(raw: list[tuple[float, float, float, float, int]]) -> dict[str, float]:
+    """Means over the groups that arrived since the last batch; ``reward_timeouts`` is a sum."""
     if not raw:
         return {}
     n = len(raw)
     keys = ("reward", "format_acc", "ans_acc", "response_length")
-    return {k: sum(r[i] for r in raw) / n for i, k in enumerate(keys)}
+    means = {k: sum(r[i] for r in raw) / n for i, k in enumerate(keys)}
+    means["reward_timeouts"] = float(sum(r[4] for r in raw))
+    return means
