@@ -26,7 +26,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.ray_address:
         cfg.launch.ray_address = args.ray_address
     summary = run_training(cfg)
-    print(f"run finished: {summary['steps']} steps in {summary['wall_s']:.1f}s -> {cfg.run_dir}")
+    steps, wall_s = summary["steps"], summary["wall_s"]
+    print(f"run finished: {steps} steps in {wall_s:.1f}s -> {summary['run_dir']}")
     return 0
 
 
