@@ -11,9 +11,11 @@ DEMO_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from zbrl.assembly.rewards import check_reward
     from zbrl.config import load_config, resolved_yaml
 
     cfg = load_config(args.recipe, args.overrides)
+    check_reward(cfg)
     sys.stdout.write(resolved_yaml(cfg))
     return 0
 
@@ -73,15 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a finished run directory")
     p.set_defaults(func=_cmd_report)
 
-    p = sub.add_parser("eval", help="evaluate a saved checkpoint on a dataset")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a saved checkpoint on a dataset",
+        description="Defaults come from the run config's eval section (zbrl validate shows them).",
+    )
     p.add_argument("--model", required=True, help="HF model directory")
     p.add_argument("--data", required=True, action="append", help="dataset file (NAME=PATH ok)")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt")
-    p.add_argument("--reward", default="think_answer_tags", help="reward type")
-    p.add_argument("--temperature", type=float, default=0.6, help="0 for greedy")
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--max-prompts", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--recipe", default=None, help="take reward and eval settings from a recipe")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt (eval.num_samples)")
+    p.add_argument("--reward", default=None, help="reward type (reward.type)")
+    p.add_argument("--temperature", type=float, default=None, help="0 is greedy (eval.temperature)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="generation budget (eval.max_new_tokens, else rollout.generation.max_new_tokens)",
+    )
+    p.add_argument("--max-prompts", type=int, default=None, help="eval.max_prompts")
+    p.add_argument("--batch-size", type=int, default=None, help="eval.batch_size")
     p.add_argument("--out", default=None, help="directory for per-sample JSONL")
     p.set_defaults(func=_cmd_eval)
     return parser

@@ -249,3 +249,11 @@ def test_a_user_reward_error_keeps_the_users_traceback():
     )
     with pytest.raises(UserRewardError, match=r'(?s)faults.py", line \d+, in failing_reward'):
         with_deadline.score("a", {}, ctx)
+
+
+def test_train_refuses_a_reward_that_cannot_be_built_before_creating_anything(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["train", DEMO, "reward.extra=[{type: nope}]", f"logging.run_dir={run_dir}"])
+    assert code == 2
+    assert "unknown reward 'nope'" in capsys.readouterr().err
+    assert not run_dir.exists()
