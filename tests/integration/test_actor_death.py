@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from endless_run import endless_tiny_run
 
 from zbrl.testing.procs import find_process, kill_tree
 
@@ -30,23 +31,7 @@ def _training_under_way(metrics: Path) -> bool:
 
 def test_a_killed_rollout_buffer_is_named_as_the_cause(tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [
-        f"logging.run_dir={run_dir}",
-        f"logging.cache_dir={tmp_path / 'cache'}",
-        "logging.progress=false",
-        "logging.save_final=false",
-        "model.warm_start.steps=5",
-        "data.synthetic.num_train=64",
-        "data.num_epochs=1000",  # far longer than the test lets it run
-        "eval.sets={}",
-        "rollout.generation.max_new_tokens=8",
-        "rollout.generation.num_generations=2",
-        "rollout.inference_batch_size=2",
-        "rollout.inference_microbatch_size=2",
-        "training.train_batch_size=2",
-        "training.train_microbatch_size=4",
-        "training.max_steps=1000000",
-    ]
+    overrides = [*endless_tiny_run(run_dir, tmp_path / "cache"), "eval.sets={}"]
     stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         proc = subprocess.Popen(

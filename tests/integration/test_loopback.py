@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from endless_run import endless_tiny_run
 
 from zbrl.testing.procs import is_loopback, kill_tree, listeners_of
 
@@ -43,23 +44,7 @@ BOUND_S = 420.0  # upper bound on the whole test; a normal pass takes well under
 
 
 def test_local_run_listens_on_loopback_only(tmp_path):
-    overrides = [
-        f"logging.run_dir={tmp_path / 'run'}",
-        f"logging.cache_dir={tmp_path / 'cache'}",
-        "logging.progress=false",
-        "logging.save_final=false",
-        "model.warm_start.steps=5",
-        "data.synthetic.num_train=64",
-        "data.num_epochs=1000",  # far longer than the test watches; it is killed at the end
-        "eval.max_prompts=2",
-        "rollout.generation.max_new_tokens=8",
-        "rollout.generation.num_generations=2",
-        "rollout.inference_batch_size=2",
-        "rollout.inference_microbatch_size=2",
-        "training.train_batch_size=2",
-        "training.train_microbatch_size=4",
-        "training.max_steps=1000000",
-    ]
+    overrides = [*endless_tiny_run(tmp_path / "run", tmp_path / "cache"), "eval.max_prompts=2"]
     command = [sys.executable, "-m", "zbrl.cli", "train", str(DEMO), *overrides]
     check_listeners(command, tmp_path, EXPECTED)
 
