@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from zbrl.config.plugin import variant_tag
 from zbrl.config.run import RunConfig
 
 
@@ -161,8 +162,6 @@ def _walk(loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
 
 def _tagged_models(annotation: Any) -> dict[str, type[BaseModel]]:
     """Models inside a field annotation, keyed by their union tag (``type`` or ``import``)."""
-    from zbrl.config.plugin import variant_tag
-
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         tag = variant_tag(annotation) if "type" in annotation.model_fields else annotation.__name__
         return {tag: annotation}

@@ -49,7 +49,7 @@ def as_plugin_dict(value: Any, default: type[Section]) -> Any:
     if isinstance(value, str):
         return {"type": value}
     if isinstance(value, dict) and "type" not in value:
-        return {"type": default.model_fields["type"].default, **value}
+        return {"type": variant_tag(default), **value}
     return value
 
 

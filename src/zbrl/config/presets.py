@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from zbrl.config.plugin import as_plugin_dict, plugin_tag
+from zbrl.config.plugin import as_plugin_dict, plugin_tag, variant_tag
 from zbrl.config.rewards import BoxedReward, CodeReward, ThinkAnswerTagsReward
 
-_SHAPED_REWARDS = {
-    v.model_fields["type"].default: v for v in (ThinkAnswerTagsReward, BoxedReward, CodeReward)
-}
+_SHAPED_REWARDS = {variant_tag(v): v for v in (ThinkAnswerTagsReward, BoxedReward, CodeReward)}
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {

@@ -78,10 +78,7 @@ def build_user_reward(
 ) -> RewardFunction:
     """A user reward by import path: a function gets ``options`` on every call and runs under
     ``timeout_s`` (see :class:`FunctionReward`); a reward class is built with ``options``."""
-    obj = import_object(path, "reward")
-    if callable(obj) and not isinstance(obj, type) and not isinstance(obj, RewardFunction):
-        return FunctionReward(obj, path, options, timeout_s=timeout_s)
-    return _build_from_path(path, options)
+    return _build_from_path(path, options, timeout_s=timeout_s)
 
 
 def lookup_reward(name: str) -> Callable[..., RewardFunction]:
@@ -109,7 +106,9 @@ def _instantiate(
     return reward
 
 
-def _build_from_path(path: str, options: Mapping[str, Any]) -> RewardFunction:
+def _build_from_path(
+    path: str, options: Mapping[str, Any], *, timeout_s: float | None = None
+) -> RewardFunction:
     obj = import_object(path, "reward")
     if isinstance(obj, type):
         return _instantiate(path, obj, options)
@@ -121,7 +120,7 @@ def _build_from_path(path: str, options: Mapping[str, Any]) -> RewardFunction:
             )
         return obj
     if callable(obj):
-        return FunctionReward(obj, path, options)
+        return FunctionReward(obj, path, options, timeout_s=timeout_s)
     raise TypeError(
         f"reward {path!r} is a {type(obj).__name__}, not a function fn(response, example, ctx) "
         f"or a reward class"
