@@ -51,10 +51,11 @@ class Workers:
 def run_training(cfg: RunConfig) -> dict[str, Any]:
     """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json) and
     ``run_dir``, the directory used (a fresh one when the configured one holds a finished run)."""
-    from zbrl.assembly.models import quiet_transformers
+    from zbrl.assembly.models import check_backend_installed, quiet_transformers
     from zbrl.assembly.rewards import check_reward
 
     quiet_transformers()
+    check_backend_installed(cfg)  # a missing vLLM fails here, with the install command
     check_reward(cfg)  # a reward that cannot be built fails here, before any file or worker
     with prepare_run_dir(cfg) as run_dir:
         print(f"[zbrl] run dir: {run_dir}", flush=True)
