@@ -5,7 +5,7 @@ tokens (temperature 1, sampled-token log-probs on, as a producer asks) from the 
 directory, on CPU, with ``--threads`` torch/OpenMP threads. Two models:
 
 - ``embedded``: the embedded default's architecture (hidden 128, 2 layers; about 0.5M parameters);
-- ``embedded-25m``: the same family at hidden 512, 8 layers (about 25M parameters).
+- ``embedded-34m``: the same family at hidden 512, 8 layers (about 34M parameters).
 
 Random weights (speed does not depend on them). Each (model, backend) runs in a fresh subprocess
 (vLLM changes process-wide thread settings); a warm-up call, then the median of ``--repeats``
@@ -32,7 +32,7 @@ from pathlib import Path
 
 MODELS = {
     "embedded": {"hidden_size": 128, "num_layers": 2, "num_heads": 4},
-    "embedded-25m": {"hidden_size": 512, "num_layers": 8, "num_heads": 8},
+    "embedded-34m": {"hidden_size": 512, "num_layers": 8, "num_heads": 8},
 }
 BACKENDS = ("transformers", "vllm")
 
@@ -83,7 +83,7 @@ def child(args: argparse.Namespace) -> None:
 
     from zbrl.rollout.backends.base import SamplingParams
 
-    model_dir, backend_name, out = args.child
+    model_dir, backend_name, result_path = args.child
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -109,7 +109,7 @@ def child(args: argparse.Namespace) -> None:
         out = backend.generate(prompts, params)
         dt = time.perf_counter() - t0
         rates.append(sum(c.token_ids.numel() for group in out for c in group) / dt)
-    Path(out).write_text(json.dumps({"load_s": load_s, "tokens_per_s": rates}))
+    Path(result_path).write_text(json.dumps({"load_s": load_s, "tokens_per_s": rates}))
 
 
 def make_model(root: Path, name: str) -> Path:
@@ -121,10 +121,9 @@ def make_model(root: Path, name: str) -> Path:
 
 
 def parameter_count(model_dir: Path) -> int:
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
-    with safe_open(model_dir / "model.safetensors", framework="pt") as f:
-        return sum(f.get_slice(k).get_shape().numel() for k in f.keys())  # noqa: SIM118
+    return sum(t.numel() for t in load_file(model_dir / "model.safetensors").values())
 
 
 def run_child(args: argparse.Namespace, model_dir: Path, backend: str, root: Path) -> dict:

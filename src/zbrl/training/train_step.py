@@ -119,7 +119,8 @@ class Trainer:
             entropy_BT=entropy,
         )
         out = compute_policy_loss(s.policy_loss, inputs, s.loss, norm)
-        out.metrics.update(mismatch_metrics(logp, inputs.old_logprobs_BT, inputs.mask_BT))
+        # the producer's log-probs (rows' behaviour log-probs) against this recomputation
+        out.metrics.update(mismatch_metrics(logp, mb.old_logprobs_BT.to(dev), inputs.mask_BT))
         return out
 
     def _logprobs(
