@@ -113,7 +113,7 @@ def save_checkpoint(
 
 
 def prune(checkpoint_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (0 keeps all); returns the deleted."""
+    """Delete all but the newest ``keep`` complete checkpoints (0 keeps all); returns them."""
     if keep <= 0:
         return []
     complete = _complete_checkpoints(Path(checkpoint_dir), warn=False)

@@ -58,7 +58,7 @@ class ConsumerResult:
     final_checkpoint: str | None
     partial_batches: int
     stopped: bool = False
-    """The run was interrupted (``RolloutBuffer.request_stop``): the checkpoint is a resume point."""
+    """The run was interrupted (``RolloutBuffer.request_stop``): it saved a resume point."""
 
 
 class Consumer:

@@ -269,10 +269,10 @@ class RolloutBuffer:
         ``ready`` (ticket → stored RolloutGroup, not yet taken), ``pending`` (tickets granted and
         not yet filled or released), ``owners`` (pending ticket → the producer that reserved it),
         ``producer_states`` (producer → its last resume point), ``dropped_tickets`` (tickets at or
-        above ``head`` already dropped), ``finished`` (producers that reported the end of their data), ``raw`` (per-group
-        pre-filter metrics not yet reported with a batch) and ``stats`` (the counters). Not
-        included: the settings (they come from the config) and whether the buffer is closed (a
-        loaded buffer is open).
+        above ``head`` already dropped), ``finished`` (producers that reported the end of their
+        data), ``raw`` (per-group pre-filter metrics not yet reported with a batch) and ``stats``
+        (the counters). Not included: the settings (they come from the config) and whether the
+        buffer is closed or stopping (a loaded buffer is open).
 
         Pending tickets belong to reservations in flight: restored as pending, the consumer waits
         for them in ticket order, so whoever resumes calls :meth:`reclaim` and restarts each
