@@ -159,20 +159,25 @@ def test_async_sigterm_and_resume_lose_nothing_and_train_nothing_twice(tmp_path,
         assert all(line["step"] - 1 - v <= staleness for v in line["policy_versions"]), line
 
 
-def test_a_killed_producer_is_restarted_and_the_run_goes_on(tmp_path, cache_dir):
+def test_killed_producer_and_evaluator_are_replaced_and_the_run_goes_on(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
-    proc, stderr = start(tmp_path, "run", "train", str(DEMO), *tiny(run_dir, cache_dir, 60, 1))
+    evals = ["eval.max_prompts=8", "eval.interval=10", "eval.at_start=false"]
+    args = [*(x for x in tiny(run_dir, cache_dir, 60, 1) if x != "eval.sets={}"), *evals]
+    proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 5)
-        pid = find_process(proc.pid, "ray::ProducerWorker")
-        assert pid is not None, "no producer process in the run's tree"
-        os.kill(pid, signal.SIGKILL)
+        for name in ("ray::ProducerWorker", "ray::EvaluatorWorker"):
+            pid = find_process(proc.pid, name)
+            assert pid is not None, f"no {name} process in the run's tree"
+            os.kill(pid, signal.SIGKILL)
     finally:
         code, err = finish(proc, stderr)
     assert code == 0, err[-3000:]
     assert "restarting producer-0 (1 of 3 restarts)" in err
+    assert "failed (evaluator died" in err and "a new evaluator takes the next one" in err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["producer_restarts"] == 1 and summary["steps"] == 60
+    assert summary["evaluator_failures"] == 1 and summary["eval_accuracy_final"] is not None
     trained = [u for line in uid_log(run_dir) for u in line["uids"]]
     assert len(trained) == len(set(trained)) == 120
     timeline = (run_dir / "timeline.jsonl").read_text()
