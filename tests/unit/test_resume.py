@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
 
 import pytest
 import torch
@@ -21,7 +22,11 @@ from zbrl.launch.resume import (
 )
 from zbrl.launch.run_dir import RunDirHasCheckpoints, claim_run_dir
 from zbrl.launch.signals import Interrupted, StopSignals
-from zbrl.training.checkpoint import CheckpointError, save_checkpoint
+from zbrl.training.checkpoint import (
+    CheckpointError,
+    IncompleteCheckpointWarning,
+    save_checkpoint,
+)
 
 
 class Weights:
@@ -113,3 +118,18 @@ def test_first_signal_asks_to_stop_and_the_second_exits_at_once():
                 os.kill(os.getpid(), signal.SIGINT)
         assert second.value.signum == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_resume_with_only_a_corrupt_checkpoint_says_so_and_touches_nothing(tmp_path, capsys):
+    run_dir = make_run(tmp_path, steps=(6,))
+    weights = run_dir / "checkpoints" / "step-6" / "weights.pt"
+    weights.write_bytes(weights.read_bytes()[:10])
+    before = snapshot(run_dir)
+    with pytest.warns(IncompleteCheckpointWarning) as caught:
+        assert main(["resume", str(run_dir)]) == 1
+    (warning,) = caught
+    assert f"skipping {run_dir / 'checkpoints' / 'step-6'} is incomplete" in str(warning.message)
+    shown = warnings.formatwarning(warning.message, warning.category, "f.py", 1)
+    assert shown.startswith("warning: skipping ")  # one plain line on the command line
+    assert "holds no complete checkpoint to resume from" in capsys.readouterr().err
+    assert snapshot(run_dir) == before
