@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zbrl.testing.procs import find_process, kill_tree
+from zbrl.testing.procs import descendants, find_process, kill_tree, process_name
 from zbrl.training.checkpoint import find_latest, load_state
 
 pytestmark = pytest.mark.integration
@@ -103,17 +103,30 @@ def interrupt(tmp_path: Path, run_dir: Path, sig: int, at_step: int, *args: str)
     proc, stderr = start(tmp_path, "interrupted", *args)
     try:
         wait_for_steps(proc, stderr, run_dir, at_step)
+        tree = descendants(proc.pid)  # the driver's Ray processes and workers
         os.kill(proc.pid, sig)
         sent = time.monotonic()
         code = proc.wait(timeout=60)
         took = time.monotonic() - sent
+        left = survivors(tree, within_s=15)
     finally:
         kill_tree(proc)
     err = stderr.read_text()
     assert code == 128 + sig, err[-3000:]
     assert took < 30, f"the run took {took:.1f}s to stop"
+    assert not left, f"processes of the run outlived it: {left}"
     assert f"continue with: zbrl resume {run_dir}" in err
     return err
+
+
+def survivors(pids: set[int], within_s: float) -> dict[int, str]:
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = {pid: process_name(pid) for pid in pids if os.path.exists(f"/proc/{pid}")}
+        alive = {pid: name for pid, name in alive.items() if name}  # zombies have no cmdline
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.25)
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
