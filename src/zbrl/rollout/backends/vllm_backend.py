@@ -31,6 +31,11 @@ INSTALL_HINT = (
 )
 
 
+TIED_EMBEDDING = "model.embed_tokens.weight"
+TIED_HEAD = "lm_head.weight"
+"""Llama/Qwen-family names of the tied input embedding and output head."""
+
+
 @dataclass(frozen=True)
 class VllmSettings:
     """How to build the engine (every field is filled by ``zbrl.assembly.models.build_backend``;
@@ -138,9 +143,10 @@ class VllmBackend:
         """Swap the weights into the running engine (names as in the trainer's ``state_dict``);
         cached prompt KV computed with the old weights is dropped."""
         weights = dict(named_tensors)
-        if self.tied_embeddings and "lm_head.weight" not in weights:
+        embedding = weights.get(TIED_EMBEDDING)
+        if self.tied_embeddings and embedding is not None and TIED_HEAD not in weights:
             # vLLM keeps its own head tensor for a tied model: send the embedding as the head
-            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+            weights[TIED_HEAD] = embedding
         self.llm.collective_rpc(_reload_weights, args=(list(weights.items()),))
         self.llm.reset_prefix_cache()
 
