@@ -59,8 +59,8 @@ class Trainer:
             raise ValueError("algorithm.beta > 0 needs a reference model")
         if settings.critic is not None and settings.critic.kl_coef > 0 and not engine.has_reference:
             raise ValueError("a KL folded into the reward needs a reference model")
-        if (settings.critic is not None) != engine.has_critic:
-            raise ValueError("algorithm.critic and the engine's value model must go together")
+        if settings.critic is not None and not engine.has_critic:
+            raise ValueError("algorithm.critic needs an engine with a value model")
         if (settings.advantage == GAE) != (settings.critic is not None):
             raise ValueError("advantage 'gae' needs the critic settings, and only it uses them")
         self.engine = engine
