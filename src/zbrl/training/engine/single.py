@@ -128,7 +128,8 @@ class SingleProcessEngine:
                 "the saved engine state and this engine disagree on the critic (one has a "
                 "value model, the other not); resume with the same algorithm.critic setting"
             )
-        self.policy.load_state_dict(state["policy"])
+        if "policy" in state:  # absent when the policy was loaded from the same checkpoint
+            self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]
