@@ -157,3 +157,23 @@ def test_trainer_refuses_mismatched_critic(tiny_model_dir):
     with pytest.raises(ValueError, match="critic"):
         Trainer(SingleProcessEngine(policy, opt, sched), step_settings("algorithm.preset=ppo"))
     assert loss_config(run_config("algorithm.preset=gspo")).clip_eps_high == 4e-4
+
+
+def test_one_update_per_batch_decoupled_and_tis_take_the_same_step(tiny_model_dir):
+    """With one optimizer step per batch the updated policy *is* the proximal one, so decoupled's
+    gradient min(π_prox/π_behav, C)·A·∇log π equals TIS's min(π/π_behav, C)·A·∇log π."""
+    trainers = [
+        trainer_for(tiny_model_dir, "algorithm.correction=decoupled"),
+        trainer_for(tiny_model_dir, "algorithm.correction=tis"),
+    ]
+    batch = groups()
+    for group in batch:  # behaviour log-probs spread around the policy's: weights on both sides
+        gen = torch.Generator().manual_seed(len(group.prompt_ids))
+        group.behaviour_logprobs = [
+            lp + 0.5 * torch.randn(lp.shape, generator=gen) for lp in group.behaviour_logprobs
+        ]
+    results = [t.train(batch, policy_version=3) for t in trainers]
+    params = [dict(t.engine.policy.named_parameters()) for t in trainers]
+    for name, param in params[0].items():
+        torch.testing.assert_close(param, params[1][name], rtol=0, atol=1e-5)  # Adam: lr 1e-3
+    assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-4)
