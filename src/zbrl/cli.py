@@ -67,6 +67,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return run_eval_command(args)
 
 
+def _plain_zbrl_warnings() -> None:
+    """zbrl's own warnings read as one ``warning: ...`` line, without a source location."""
+    import warnings
+
+    from zbrl.training.checkpoint import IncompleteCheckpointWarning
+
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if issubclass(category, IncompleteCheckpointWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zbrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -134,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from zbrl.launch.signals import Interrupted, exit_code
 
     args = build_parser().parse_args(argv)
+    _plain_zbrl_warnings()
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zbrl.testing.procs import find_process, kill_tree
+from zbrl.testing.procs import descendants, find_process, kill_tree, process_name
 from zbrl.training.checkpoint import find_latest, load_state
 
 pytestmark = pytest.mark.integration
@@ -103,17 +103,30 @@ def interrupt(tmp_path: Path, run_dir: Path, sig: int, at_step: int, *args: str)
     proc, stderr = start(tmp_path, "interrupted", *args)
     try:
         wait_for_steps(proc, stderr, run_dir, at_step)
+        tree = descendants(proc.pid)  # the driver's Ray processes and workers
         os.kill(proc.pid, sig)
         sent = time.monotonic()
         code = proc.wait(timeout=60)
         took = time.monotonic() - sent
+        left = survivors(tree, within_s=15)
     finally:
         kill_tree(proc)
     err = stderr.read_text()
     assert code == 128 + sig, err[-3000:]
     assert took < 30, f"the run took {took:.1f}s to stop"
+    assert not left, f"processes of the run outlived it: {left}"
     assert f"continue with: zbrl resume {run_dir}" in err
     return err
+
+
+def survivors(pids: set[int], within_s: float) -> dict[int, str]:
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = {pid: process_name(pid) for pid in pids if os.path.exists(f"/proc/{pid}")}
+        alive = {pid: name for pid, name in alive.items() if name}  # zombies have no cmdline
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.25)
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -159,20 +172,25 @@ def test_async_sigterm_and_resume_lose_nothing_and_train_nothing_twice(tmp_path,
         assert all(line["step"] - 1 - v <= staleness for v in line["policy_versions"]), line
 
 
-def test_a_killed_producer_is_restarted_and_the_run_goes_on(tmp_path, cache_dir):
+def test_killed_producer_and_evaluator_are_replaced_and_the_run_goes_on(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
-    proc, stderr = start(tmp_path, "run", "train", str(DEMO), *tiny(run_dir, cache_dir, 60, 1))
+    evals = ["eval.max_prompts=8", "eval.interval=10", "eval.at_start=false"]
+    args = [*(x for x in tiny(run_dir, cache_dir, 60, 1) if x != "eval.sets={}"), *evals]
+    proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 5)
-        pid = find_process(proc.pid, "ray::ProducerWorker")
-        assert pid is not None, "no producer process in the run's tree"
-        os.kill(pid, signal.SIGKILL)
+        for name in ("ray::ProducerWorker", "ray::EvaluatorWorker"):
+            pid = find_process(proc.pid, name)
+            assert pid is not None, f"no {name} process in the run's tree"
+            os.kill(pid, signal.SIGKILL)
     finally:
         code, err = finish(proc, stderr)
     assert code == 0, err[-3000:]
     assert "restarting producer-0 (1 of 3 restarts)" in err
+    assert "failed (evaluator died" in err and "a new evaluator takes the next one" in err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["producer_restarts"] == 1 and summary["steps"] == 60
+    assert summary["evaluator_failures"] == 1 and summary["eval_accuracy_final"] is not None
     trained = [u for line in uid_log(run_dir) for u in line["uids"]]
     assert len(trained) == len(set(trained)) == 120
     timeline = (run_dir / "timeline.jsonl").read_text()

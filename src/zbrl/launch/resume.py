@@ -27,7 +27,7 @@ FIXED_ON_RESUME = (
     "data.shuffle",
     "data.seed",
     "seed",
-    "rollout.generation.n",
+    "rollout.generation.num_generations",
     "launch.num_producers",
     "launch.num_consumers",
     "training.train_batch_size",
