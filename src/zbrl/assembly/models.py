@@ -56,10 +56,11 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
 
 
 def build_engine(cfg: RunConfig, model_dir: Path, total_steps: int):
-    """The training engine: the policy (and a frozen reference when ``beta > 0``), AdamW and the
-    LR schedule over ``total_steps`` train steps, on one process."""
+    """The training engine of ``training.engine``: the policy (and a frozen reference when
+    ``beta > 0``), AdamW and the LR schedule over ``total_steps`` train steps. ``ddp`` and
+    ``fsdp2`` need this process to be in the consumers' group already
+    (:func:`zbrl.training.distributed.join_group`)."""
     from zbrl.training.engine.single import SingleProcessEngine
-    from zbrl.training.schedule import lr_factor
 
     device = device_of(cfg)
     policy = load_policy(cfg, model_dir).to(device)
@@ -69,23 +70,52 @@ def build_engine(cfg: RunConfig, model_dir: Path, total_steps: int):
     if cfg.algorithm.beta > 0:
         reference = load_policy(cfg, model_dir).to(device).eval()
         reference.requires_grad_(False)
-    a = cfg.algorithm
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
-    )
-    optimizer_steps = total_steps * (cfg.training.train_batch_size // cfg.minibatch_size)
-    sched = a.lr_schedule
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: lr_factor(
-            step,
-            warmup_steps=sched.warmup_steps,
-            total_steps=optimizer_steps,
-            decay=sched.decay,
-            min_ratio=sched.min_lr_ratio,
-        ),
-    )
+    make_optimizer = optimizer_factory(cfg, total_steps)
+    engine = cfg.training.engine
+    if engine.type == "ddp":
+        from zbrl.training.engine.ddp import DdpEngine
+
+        return DdpEngine(policy, make_optimizer, reference=reference, device=device)
+    if engine.type == "fsdp2":
+        from zbrl.training.engine.fsdp2 import Fsdp2Engine
+
+        return Fsdp2Engine(
+            policy,
+            make_optimizer,
+            reference=reference,
+            device=device,
+            reshard_after_forward=engine.reshard_after_forward,
+        )
+    optimizer, scheduler = make_optimizer(policy.parameters())
     return SingleProcessEngine(policy, optimizer, scheduler, reference=reference, device=device)
+
+
+def optimizer_factory(cfg: RunConfig, total_steps: int):
+    """``params -> (AdamW, LR schedule)`` of the configured algorithm, the schedule spanning the
+    optimizer steps of ``total_steps`` train steps (engines call it after wrapping/sharding)."""
+    from zbrl.training.schedule import lr_factor
+
+    a = cfg.algorithm
+    sched = a.lr_schedule
+    optimizer_steps = total_steps * (cfg.training.train_batch_size // cfg.minibatch_size)
+
+    def make(params):
+        optimizer = torch.optim.AdamW(
+            params, lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: lr_factor(
+                step,
+                warmup_steps=sched.warmup_steps,
+                total_steps=optimizer_steps,
+                decay=sched.decay,
+                min_ratio=sched.min_lr_ratio,
+            ),
+        )
+        return optimizer, scheduler
+
+    return make
 
 
 def build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int):

@@ -15,7 +15,7 @@ from zbrl.config.algorithm import (
 )
 from zbrl.config.data import DataConfig, SyntheticTaskConfig
 from zbrl.config.evaluation import EvalConfig
-from zbrl.config.launch import LaunchConfig, ParallelConfig
+from zbrl.config.launch import LaunchConfig
 from zbrl.config.loader import (
     ConfigError,
     apply_overrides,
@@ -40,7 +40,7 @@ from zbrl.config.rewards import (
 )
 from zbrl.config.rollout import GenerationConfig, RolloutConfig, TemperatureSchedule
 from zbrl.config.run import RunConfig
-from zbrl.config.training import TrainingConfig
+from zbrl.config.training import DdpEngine, Fsdp2Engine, SingleEngine, TrainingConfig
 from zbrl.config.transport import ObjectStoreSync, TransportConfig
 
 __all__ = [
@@ -52,9 +52,11 @@ __all__ = [
     "CodeReward",
     "ConfigError",
     "DataConfig",
+    "DdpEngine",
     "DrGrpoAdvantage",
     "EvalConfig",
     "ExtraReward",
+    "Fsdp2Engine",
     "GenerationConfig",
     "GrpoAdvantage",
     "ImportAdvantage",
@@ -66,7 +68,6 @@ __all__ = [
     "MathRewardOptions",
     "ModelConfig",
     "ObjectStoreSync",
-    "ParallelConfig",
     "PolicyLossConfig",
     "PpoClipLoss",
     "ReinforcePPAdvantage",
@@ -75,6 +76,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SandboxConfig",
+    "SingleEngine",
     "SyntheticTaskConfig",
     "TemperatureSchedule",
     "ThinkAnswerTagsReward",

@@ -39,7 +39,8 @@ def check_train_batching(cfg: RunConfig) -> None:
     if t.train_batch_size % consumers:
         raise ValueError(
             f"training.train_batch_size ({t.train_batch_size}) is not divisible by "
-            f"launch.num_consumers ({consumers}); each consumer needs the same number of groups"
+            f"launch.num_consumers ({consumers}); each consumer trains an equal slice of every "
+            f"step's batch: pick a train_batch_size that is a multiple of {consumers}"
         )
 
 
@@ -88,21 +89,45 @@ def check_length_shaping(cfg: RunConfig) -> None:
 
 def check_topology(cfg: RunConfig) -> None:
     la = cfg.launch
-    if la.parallel.dp_size != la.num_consumers:
-        raise ValueError(
-            f"launch.parallel.dp_size ({la.parallel.dp_size}) must equal launch.num_consumers "
-            f"({la.num_consumers}): each data-parallel replica is one consumer"
-        )
-    if la.num_consumers > 1 or la.parallel.fsdp_size > 1 or la.parallel.tp_size > 1:
-        raise ValueError(
-            "multi-consumer training (launch.num_consumers > 1, fsdp_size or tp_size > 1) "
-            "needs the data-parallel engine, which this version does not ship yet; "
-            "set num_consumers=1"
-        )
     if cfg.rollout.backend.type == "vllm" and la.producer_num_gpus <= 0:
         raise ValueError(
             "rollout.backend.type=vllm needs a GPU per producer; set launch.producer_num_gpus "
             "(for example 1) or use rollout.backend.type=transformers"
+        )
+
+
+def check_engine(cfg: RunConfig) -> None:
+    """The engine fits the number of consumers and their devices."""
+    engine, consumers = cfg.training.engine, cfg.launch.num_consumers
+    if engine.type == "single" and consumers > 1:
+        raise ValueError(
+            f"launch.num_consumers={consumers} needs a data-parallel engine; set "
+            "training.engine=ddp (full replicas) or training.engine=fsdp2 (sharded), or "
+            "launch.num_consumers=1"
+        )
+    if engine.type == "fsdp2" and consumers < 2:
+        raise ValueError(
+            "training.engine=fsdp2 shards the model over the consumers, but launch.num_consumers "
+            "is 1: set launch.num_consumers >= 2, or use training.engine=single"
+        )
+    backend = getattr(engine, "backend", None)
+    gpus = cfg.launch.consumer_num_gpus
+    if backend == "nccl" and gpus <= 0:
+        raise ValueError(
+            f"training.engine.backend=nccl needs GPUs on the consumers, but "
+            f"launch.consumer_num_gpus is {gpus}; set launch.consumer_num_gpus=1 on GPU "
+            "machines, or training.engine.backend=gloo (or auto) on CPU"
+        )
+    if engine.type != "single" and gpus > 0 and gpus != 1:
+        raise ValueError(
+            f"a {engine.type} consumer drives exactly one GPU, but launch.consumer_num_gpus is "
+            f"{gpus}; set launch.consumer_num_gpus=1 and one consumer per GPU "
+            "(launch.num_consumers)"
+        )
+    if gpus > 0 and cfg.training.device == "cpu":
+        raise ValueError(
+            f"launch.consumer_num_gpus is {gpus} but training.device is cpu; set "
+            "training.device=auto (or cuda), or launch.consumer_num_gpus=0"
         )
 
 
@@ -121,5 +146,6 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_group_size,
     check_length_shaping,
     check_topology,
+    check_engine,
     check_staleness_buffer,
 )

@@ -53,36 +53,48 @@ class Trainer:
         return self.engine.optimizer_steps
 
     def train(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        """Train on one batch of groups (one or more optimizer steps); returns step metrics."""
+        """Train on one batch of groups (one or more optimizer steps); returns step metrics.
+
+        Every rank of a data-parallel engine gets the whole batch (advantages such as
+        REINFORCE++'s are whitened over all of it) and trains its contiguous slice of each
+        optimizer step's groups, in ticket order (:func:`rank_slice`); the metrics returned are
+        the whole step's, the same on every rank."""
         s = self.settings
         rewards_BG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages_BG = compute_advantages(s.advantage, rewards_BG, **s.advantage_kwargs)
         per_minibatch = s.minibatch_groups or len(groups)
         totals = _Totals()
         for start in range(0, len(groups), per_minibatch):
-            chunk = slice(start, start + per_minibatch)
-            rows = build_rows(
-                groups[chunk],
-                advantages_BG[chunk],
-                filter_truncated=s.filter_truncated,
-                loss_filter_range=s.loss_filter_range,
-            )
-            totals.add(self._optimizer_step(rows))
+            chunk = groups[start : start + per_minibatch]
+            totals.add(self._optimizer_step(chunk, advantages_BG[start : start + per_minibatch]))
         metrics = totals.means()
         metrics["advantage_mean"] = float(advantages_BG.mean())
         metrics["advantage_abs_mean"] = float(advantages_BG.abs().mean())
         return metrics
 
-    def _optimizer_step(self, rows: list[Row]) -> dict[str, float]:
+    def _optimizer_step(
+        self, groups: list[RolloutGroup], advantages_BG: torch.Tensor
+    ) -> dict[str, float]:
         s = self.settings
         engine = self.engine
+        mine = rank_slice(len(groups), engine.rank, engine.world_size)
+        rows = build_rows(
+            groups[mine],
+            advantages_BG[mine],
+            filter_truncated=s.filter_truncated,
+            loss_filter_range=s.loss_filter_range,
+        )
         tokens, seqs = trained_token_count(rows)
         local = Normalisers(tokens=float(tokens), seqs=float(seqs), norm_tokens=s.norm_tokens)
         norm = engine.reduce_normalisers(local)
+        micro_batches = split(rows, s.microbatch_size)
+        # every rank runs as many micro-batches as the busiest one (collectives pair up)
+        padding = micro_batch_count(groups, engine.world_size, s.microbatch_size)
+        padding -= len(micro_batches)
+        micro_batches += [[padding_row(s.pad_id)] for _ in range(padding)]
         engine.zero_grad()
         weighted = _Totals()
         loss_sum = 0.0
-        micro_batches = split(rows, s.microbatch_size)
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
                 out = self._micro_step(collate(micro_rows, s.pad_id), norm)
@@ -91,8 +103,9 @@ class Trainer:
             weighted.add(out.metrics, weight=out.metrics.get("num_tokens", 0.0))
         lr = engine.current_lr()
         grad_norm = engine.clip_and_step(s.max_norm)
-        metrics = weighted.means()
-        metrics.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, trained_tokens=float(tokens))
+        metrics = weighted.reduced(engine).means()
+        loss, trained = engine.all_reduce([loss_sum, float(tokens)], "sum")
+        metrics.update(loss=loss, grad_norm=grad_norm, lr=lr, trained_tokens=trained)
         return metrics
 
     def _micro_step(self, mb: MicroBatch, norm: Normalisers):
@@ -137,6 +150,38 @@ class Trainer:
         )
 
 
+SUMMED = ("num_tokens", "trained_tokens")
+"""Metrics that add up over micro-batches, ranks and optimizer steps (the rest are means)."""
+
+
+def rank_slice(num_groups: int, rank: int, world_size: int) -> slice:
+    """The contiguous groups (in ticket order) that ``rank`` trains of one optimizer step's
+    ``num_groups``: balanced, the first ranks taking one fewer when it does not divide."""
+    return slice(rank * num_groups // world_size, (rank + 1) * num_groups // world_size)
+
+
+def micro_batch_count(groups: list[RolloutGroup], world_size: int, microbatch_size: int) -> int:
+    """Micro-batches of the busiest rank for one optimizer step over ``groups``."""
+    counts = []
+    for rank in range(world_size):
+        rows = sum(g.group_size for g in groups[rank_slice(len(groups), rank, world_size)])
+        counts.append(-(-rows // microbatch_size))
+    return max(counts)
+
+
+def padding_row(pad_id: int) -> Row:
+    """A one-token row outside the loss: a rank with fewer micro-batches than the busiest runs
+    these, so its collectives pair up; its gradient and metric weight are zero."""
+    return Row(
+        prompt_ids=[pad_id],
+        response_ids=torch.tensor([pad_id], dtype=torch.long),
+        old_logprobs=torch.zeros(1),
+        advantage=0.0,
+        temperature=1.0,
+        trained=False,
+    )
+
+
 class _Totals:
     """Weighted running means of metric dicts."""
 
@@ -150,14 +195,30 @@ class _Totals:
                 self.sums[k] = max(self.sums.get(k, float("-inf")), float(v))
                 self.weights[k] = 1.0
                 continue
-            w = 1.0 if k in ("num_tokens", "trained_tokens") else weight
+            w = 1.0 if k in SUMMED else weight
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * w
             self.weights[k] = self.weights.get(k, 0.0) + w
+
+    def reduced(self, engine: Engine) -> _Totals:
+        """These totals combined over the engine's ranks (sums added, maxima maxed); every
+        rank must hold the same keys."""
+        if engine.world_size == 1:
+            return self
+        keys = sorted(self.sums)
+        summed = [k for k in keys if not k.endswith("_max")]
+        maxed = [k for k in keys if k.endswith("_max")]
+        sums = engine.all_reduce([self.sums[k] for k in summed], "sum")
+        weights = engine.all_reduce([self.weights[k] for k in summed], "sum")
+        maxima = engine.all_reduce([self.sums[k] for k in maxed], "max")
+        out = _Totals()
+        out.sums = dict(zip(summed + maxed, sums + maxima, strict=True))
+        out.weights = dict(zip(summed, weights, strict=True)) | {k: 1.0 for k in maxed}
+        return out
 
     def means(self) -> dict[str, float]:
         out = {}
         for k, total in self.sums.items():
-            if k in ("num_tokens", "trained_tokens") or k.endswith("_max"):
+            if k in SUMMED or k.endswith("_max"):
                 out[k] = total
             else:
                 out[k] = total / self.weights[k] if self.weights[k] else 0.0
