@@ -18,6 +18,7 @@ from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.process_group import consumer_group
 from zbrl.launch.ray_setup import init_ray
 from zbrl.launch.run_dir import claim_run_dir
 from zbrl.telemetry.idle import percentile
@@ -42,6 +43,8 @@ class Workers:
     consumers: list[Any]
     evaluator: Any | None
     names: dict[Any, str] = field(default_factory=dict)
+    group_host: Any = None
+    """The consumers' rendezvous store (kept alive for the run), when there are several."""
 
     def all(self) -> list[Any]:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
@@ -150,6 +153,7 @@ def create_workers(
     )
     store = ray.remote(WeightStore).options(num_cpus=0, max_concurrency=concurrency).remote()
     hub = ray.remote(TelemetryHub).options(num_cpus=0, max_concurrency=concurrency).remote()
+    group_host, group = consumer_group(cfg)
     prompts_ref = ray.put(train_prompts)
     producers = [
         ray.remote(ProducerWorker)
@@ -160,7 +164,7 @@ def create_workers(
     consumers = [
         ray.remote(ConsumerWorker)
         .options(num_cpus=la.consumer_num_cpus, num_gpus=la.consumer_num_gpus)
-        .remote(data, i, model_dir, tok_dir, str(run_dir), total_steps, buffer, store, hub)
+        .remote(data, i, model_dir, tok_dir, str(run_dir), total_steps, buffer, store, hub, group)
         for i in range(la.num_consumers)
     ]
     evaluator = None
@@ -170,7 +174,7 @@ def create_workers(
             .options(num_cpus=0, num_gpus=0)
             .remote(data, model_dir, tok_dir, eval_sets, str(run_dir), store, hub)
         )
-    workers = Workers(buffer, store, hub, producers, consumers, evaluator)
+    workers = Workers(buffer, store, hub, producers, consumers, evaluator, group_host=group_host)
     workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
     workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
     if evaluator is not None:

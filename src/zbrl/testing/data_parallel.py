@@ -100,12 +100,45 @@ def run_case(case: Case, engine_type: str, world_size: int, model_dir: Path) -> 
     engine.clip_and_step = recording_step  # type: ignore[method-assign]
     metrics = trainer.train(make_groups(case, vocab))
     weights = engine.full_state_dict()
-    return {"grads": grads, "metrics": metrics, "weights": weights, "rank": engine.rank}
+    out = {"grads": grads, "metrics": metrics, "weights": weights, "rank": engine.rank}
+    if "checkpoint_dir" in case.extra:
+        out.update(_checkpoint_and_resume(case, cfg, model_dir, trainer, vocab))
+    return out
+
+
+def _checkpoint_and_resume(case: Case, cfg: Any, model_dir: Path, trainer: Any, vocab: int):
+    """Save the engine (``from_pretrained`` layout) and its state, train one more batch; a fresh
+    engine loaded from that state trains the same batch: both results are returned."""
+    from zbrl.assembly.models import build_engine
+    from zbrl.assembly.settings import step_settings
+    from zbrl.training.checkpoint import save_checkpoint
+    from zbrl.training.train_step import Trainer
+
+    engine = trainer.engine
+    path = Path(case.extra["checkpoint_dir"])
+    save_checkpoint(engine, None, path)
+    state = engine.state_dict()
+    saved_weights = {k: v.clone() for k, v in engine.full_state_dict().items()}
+    follow_up = make_groups(Case(case.name, case.overrides, case.num_groups, seed=99), vocab)
+    trainer.train(follow_up)
+    continued = {k: v.clone() for k, v in engine.full_state_dict().items()}
+    resumed_engine = build_engine(cfg, model_dir, total_steps=4)
+    resumed_engine.load_state_dict(state)
+    Trainer(resumed_engine, step_settings(cfg, pad_id=0)).train(follow_up)
+    return {
+        "saved_weights": saved_weights,
+        "continued": continued,
+        "resumed": resumed_engine.full_state_dict(),
+        "steps": (engine.optimizer_steps, resumed_engine.optimizer_steps),
+        "checkpoint_entries": sorted(p.name for p in path.parent.iterdir()),
+    }
 
 
 def _rank_main(rank: int, world_size: int, port: int, engine_type: str, cases, model_dir, out):
+    from zbrl.assembly.models import quiet_transformers
     from zbrl.training.distributed import GroupSpec, join_group, leave_group
 
+    quiet_transformers()
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     join_group(GroupSpec("127.0.0.1", port, world_size, "gloo", 120.0), rank)

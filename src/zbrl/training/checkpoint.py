@@ -10,8 +10,11 @@ from transformers import PreTrainedTokenizerBase
 
 
 class PretrainedWriter(Protocol):
-    """A model (or an :class:`~zbrl.training.engine.base.Engine`) that writes itself in the
-    ``from_pretrained`` layout."""
+    """An :class:`~zbrl.training.engine.base.Engine` (or anything with a ``rank``) that writes
+    itself in the ``from_pretrained`` layout; on a data-parallel engine every rank calls
+    ``save_pretrained`` (a collective for sharded ones) and only rank 0 writes."""
+
+    rank: int
 
     def save_pretrained(self, directory: Path) -> None: ...
 
@@ -19,11 +22,15 @@ class PretrainedWriter(Protocol):
 def save_checkpoint(
     model: PretrainedWriter, tokenizer: PreTrainedTokenizerBase | None, directory: str | Path
 ) -> Path:
-    """Write model (+ tokenizer) to ``directory`` atomically enough: a ``.partial`` dir renamed."""
+    """Write model (+ tokenizer) to ``directory`` atomically enough: a ``.partial`` dir renamed.
+    Every rank calls it; only rank 0 touches the file system."""
     final = Path(directory)
     partial = final.with_name(final.name + ".partial")
-    partial.mkdir(parents=True, exist_ok=True)
+    if model.rank == 0:
+        partial.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(partial)
+    if model.rank != 0:
+        return final
     if tokenizer is not None:
         tokenizer.save_pretrained(partial)
     if final.exists():

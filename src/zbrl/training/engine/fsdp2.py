@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.training import distributed
 from zbrl.training.engine.ddp import OptimizerFactory
+from zbrl.training.engine.single import cpu_snapshot
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gather to full tensors on rank 0's CPU; other ranks get nothing."""
@@ -154,12 +155,16 @@ class Fsdp2Engine:
         ``optimizer``. Save rank 0's."""
         policy = get_model_state_dict(self.policy, options=FULL_ON_RANK0)
         optim = get_optimizer_state_dict(self.policy, self.optimizer, options=FULL_ON_RANK0)
-        return {
-            "policy": policy if self.rank == 0 else {},
-            "optimizer": optim if self.rank == 0 else {},
-            "scheduler": dict(self.scheduler.state_dict()),
-            "optimizer_steps": self.optimizer_steps,
-        }
+        # a snapshot: the gathered optimizer state still shares small tensors (Adam's ``step``)
+        # with the live optimizer, which later steps increment in place
+        return cpu_snapshot(
+            {
+                "policy": policy if self.rank == 0 else {},
+                "optimizer": optim if self.rank == 0 else {},
+                "scheduler": self.scheduler.state_dict(),
+                "optimizer_steps": self.optimizer_steps,
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Collective: every rank calls it; only rank 0's ``policy`` and ``optimizer`` are read
