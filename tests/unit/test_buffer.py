@@ -97,6 +97,27 @@ def test_staleness_bound_holds_for_data_parallel_ranks(seed, staleness):
     assert not buf._shared  # every rank took every step's batch
 
 
+def test_ranks_waiting_together_get_one_batch():
+    """Ranks blocked in take at the same time: one batch is popped, every rank gets it."""
+    buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=1, num_producers=1))
+    got = {}
+
+    def rank_take(rank):
+        got[rank] = buf.take(2, 10.0, 0, rank, 3)
+
+    threads = [threading.Thread(target=rank_take, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    res = buf.reserve(0, 4, timeout=0)
+    buf.put([make_group(t, 0) for t in res.tickets])  # two batches' worth
+    for t in threads:
+        t.join(timeout=10)
+    assert [got[r][0] for r in range(3)] == ["batch"] * 3
+    assert got[0][1] is got[1][1] is got[2][1]
+    assert [g.ticket for g in got[0][1].groups] == res.tickets[:2]
+    assert buf.stats.groups_trained == 2
+
+
 def test_ranks_share_the_end_of_data_and_must_keep_lockstep():
     buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1))
     res = buf.reserve(0, 2, timeout=0)

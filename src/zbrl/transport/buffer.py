@@ -174,14 +174,14 @@ class RolloutBuffer:
         n = n or self.settings.groups_per_step
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            if ranks > 1 and step in self._shared:
-                return self._take_shared(step, rank)
-            if ranks > 1 and step != self._version:
+            if ranks > 1 and step not in self._shared and step != self._version:
                 raise ValueError(
                     f"consumer rank {rank} asked for step {step} at version {self._version}: "
                     "data-parallel ranks must take each step's batch in lockstep"
                 )
             while True:
+                if ranks > 1 and step in self._shared:  # (also after waiting: another rank
+                    return self._take_shared(step, rank)  # may have popped it meanwhile)
                 ready, complete = self._ready_prefix(n)
                 if len(ready) >= n or (complete and ready):
                     batch = self._pop_batch(ready[:n], partial=len(ready) < n)
