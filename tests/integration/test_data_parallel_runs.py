@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from zbrl.config import load_config
-from zbrl.launch.driver import run_training
+from zbrl.launch.driver import RunFailed, run_training
 from zbrl.telemetry.report import render_report
 
 pytestmark = pytest.mark.integration
@@ -23,10 +23,8 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
-def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, cache, engine):
-    run_dir = tmp_path / "run"
-    overrides = [
+def tiny_overrides(run_dir, cache, engine):
+    return [
         f"logging.run_dir={run_dir}",
         f"logging.cache_dir={cache}",
         "logging.progress=false",
@@ -48,7 +46,12 @@ def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, c
         "launch.producer_num_cpus=0.5",
         "launch.consumer_num_cpus=0.5",
     ]
-    summary = run_training(load_config(DEMO, overrides))
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, cache, engine):
+    run_dir = tmp_path / "run"
+    summary = run_training(load_config(DEMO, tiny_overrides(run_dir, cache, engine)))
     assert summary["steps"] == 3
     assert summary["samples_trained"] == 3 * 2 * 4  # each batch counted once, not per rank
     # rank 0 alone reports each step; every step within the staleness bound
@@ -69,3 +72,14 @@ def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, c
     assert final.config.architectures == ["LlamaForCausalLM"]
     assert any(not torch.equal(v, start.state_dict()[k]) for k, v in final.state_dict().items())
     assert not list((run_dir / "checkpoints").glob("*.partial"))
+
+
+def test_a_consumer_failing_mid_step_ends_the_run_with_its_name(tmp_path, cache):
+    # rank 1 raises in its first step while rank 0 waits for it in a collective: the run must end
+    # (not hang until the group's timeout) and name consumer-1 and the cause
+    overrides = [
+        *tiny_overrides(tmp_path / "run", cache, "ddp"),
+        "algorithm.advantage=zbrl.testing.faults:failing_on_rank1_advantage",
+    ]
+    with pytest.raises(RunFailed, match="consumer-1 failed: InjectedFault: injected consumer"):
+        run_training(load_config(DEMO, overrides))

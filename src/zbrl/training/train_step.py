@@ -207,8 +207,10 @@ class _Totals:
         keys = sorted(self.sums)
         summed = [k for k in keys if not k.endswith("_max")]
         maxed = [k for k in keys if k.endswith("_max")]
-        sums = engine.all_reduce([self.sums[k] for k in summed], "sum")
-        weights = engine.all_reduce([self.weights[k] for k in summed], "sum")
+        both = engine.all_reduce(
+            [self.sums[k] for k in summed] + [self.weights[k] for k in summed], "sum"
+        )
+        sums, weights = both[: len(summed)], both[len(summed) :]
         maxima = engine.all_reduce([self.sums[k] for k in maxed], "max")
         out = _Totals()
         out.sums = dict(zip(summed + maxed, sums + maxima, strict=True))
