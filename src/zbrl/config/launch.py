@@ -37,6 +37,9 @@ class LaunchConfig(Section):
     """GPUs per producer (0 on CPU-only machines)."""
     consumer_num_gpus: float = Field(default=0.0, ge=0)
     """GPUs per consumer (0 on CPU-only machines)."""
+    max_producer_restarts: int = Field(default=3, ge=0)
+    """Producers that die (their process is gone) are re-created this many times in all; the
+    next death ends the run, leaving a resumable checkpoint."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
 

@@ -112,8 +112,10 @@ class DdpEngine:
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load on every rank (each rank passes the same state, e.g. rank 0's)."""
-        self.policy.load_state_dict(state["policy"])
+        """Load on every rank (each rank passes the same state, e.g. rank 0's); ``policy`` may be
+        left out when every rank was built from the same checkpoint's weights."""
+        if "policy" in state:
+            self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]

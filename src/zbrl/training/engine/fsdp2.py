@@ -168,8 +168,11 @@ class Fsdp2Engine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Collective: every rank calls it; only rank 0's ``policy`` and ``optimizer`` are read
-        (broadcast and sharded), so other ranks may pass :meth:`state_dict`'s empty ones."""
-        set_model_state_dict(self.policy, state["policy"], options=LOAD_FROM_RANK0)
+        (broadcast and sharded), so other ranks may pass :meth:`state_dict`'s empty ones.
+        ``policy`` may be left out (on every rank) when the engine was built from the same
+        checkpoint's weights."""
+        if "policy" in state:
+            set_model_state_dict(self.policy, state["policy"], options=LOAD_FROM_RANK0)
         set_optimizer_state_dict(
             self.policy, self.optimizer, state["optimizer"], options=LOAD_FROM_RANK0
         )
