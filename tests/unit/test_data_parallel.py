@@ -31,7 +31,9 @@ CASES = [
 @pytest.fixture(scope="module", params=["ddp", "fsdp2"])
 def engine_results(request, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
-    resume = Case("resume", ACCUMULATE, 4, seed=9, extra={"checkpoint_dir": str(out / "ckpt")})
+    resume = Case(
+        "resume", ACCUMULATE, 4, seed=9, extra={"checkpoint_dir": str(out / "ckpt" / "step-1")}
+    )
     results = run_distributed(request.param, [*CASES, resume], tiny_model_dir, out / "results.pt")
     return request.param, results, out
 
@@ -69,9 +71,9 @@ def initial_weights(tiny_model_dir):
 def test_checkpoint_is_loadable_and_resume_continues_exactly(engine_results):
     engine, results, out = engine_results
     got = results["resume"]
-    # only rank 0 wrote, atomically: the final directory and no .partial left behind
-    assert got["checkpoint_entries"] == ["ckpt"]
-    loaded = AutoModelForCausalLM.from_pretrained(out / "ckpt")
+    # only rank 0 wrote, atomically: the final directory and no temporary one left behind
+    assert got["checkpoint_entries"] == ["step-1"]
+    loaded = AutoModelForCausalLM.from_pretrained(out / "ckpt" / "step-1")
     assert loaded.config.architectures == ["LlamaForCausalLM"]
     sd = loaded.state_dict()
     _assert_dicts_close({k: sd[k] for k in got["saved_weights"]}, got["saved_weights"], 0, engine)
