@@ -58,6 +58,7 @@ bench: setup
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/rewards.py
 	$(BIN)/python bench/logprob_memory.py
+	$(BIN)/python bench/scaling.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

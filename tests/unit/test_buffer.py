@@ -29,9 +29,10 @@ def make_group(ticket, version, ans_acc=(0.0, 1.0), truncated=None, producer=0):
     )
 
 
-def simulate(seed, *, staleness, producers=3, batch=4, filter_range=None, steps=25):
-    """Random interleaving of producers and one consumer, single-threaded; returns trained pairs
-    (step trained at, version generated with)."""
+def simulate(seed, *, staleness, producers=3, batch=4, filter_range=None, steps=25, ranks=1):
+    """Random interleaving of producers and one consumer (or ``ranks`` data-parallel consumer
+    ranks, each taking every step's batch), single-threaded; returns trained pairs (step trained
+    at, version generated with)."""
     rng = random.Random(seed)
     buf = RolloutBuffer(
         buffer_settings(
@@ -44,6 +45,7 @@ def simulate(seed, *, staleness, producers=3, batch=4, filter_range=None, steps=
     pending = {p: [] for p in range(producers)}  # reservations not yet generated
     published = 0
     trained = []
+    taken = {}  # rank -> this step's batch
     while len({s for s, _ in trained}) < steps:
         action = rng.random()
         p = rng.randrange(producers)
@@ -58,10 +60,16 @@ def simulate(seed, *, staleness, producers=3, batch=4, filter_range=None, steps=
             accs = [tuple(rng.choice([0.0, 1.0]) for _ in range(2)) for _ in res.tickets]
             buf.put([make_group(t, version, a, producer=p) for t, a in zip(res.tickets, accs)])
         else:
-            status, got = buf.take(batch, timeout=0)
+            rank = rng.choice([r for r in range(ranks) if r not in taken])
+            status, got = buf.take(batch, timeout=0, step=published, rank=rank, ranks=ranks)
             if status == "batch":
-                assert got.step == buf.version
-                trained += [(got.step, g.policy_version) for g in got.groups]
+                assert got.step == buf.version == published
+                taken[rank] = got
+            if len(taken) == ranks:  # every rank has the step's batch: they train it together
+                first = taken[0]
+                assert all(b is first or b == first for b in taken.values())
+                trained += [(first.step, g.policy_version) for g in first.groups]
+                taken.clear()
                 published += 1
                 buf.advance_version(published)
     return trained, buf
@@ -76,6 +84,55 @@ def test_no_trained_sample_is_older_than_max_staleness(seed, staleness):
     assert max(behind) <= staleness
     assert min(behind) >= 0
     assert buf.stats.groups_dropped_stale == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_staleness_bound_holds_for_data_parallel_ranks(seed, staleness):
+    trained, buf = simulate(seed, staleness=staleness, ranks=3, steps=15)
+    behind = [step - version for step, version in trained]
+    assert max(behind) <= staleness and min(behind) >= 0
+    assert buf.stats.groups_dropped_stale == 0
+    assert buf.stats.groups_trained == len(trained) == 15 * 4  # each batch counted once
+    assert not buf._shared  # every rank took every step's batch
+
+
+def test_ranks_waiting_together_get_one_batch():
+    """Ranks blocked in take at the same time: one batch is popped, every rank gets it."""
+    buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=1, num_producers=1))
+    got = {}
+
+    def rank_take(rank):
+        got[rank] = buf.take(2, 10.0, 0, rank, 3)
+
+    threads = [threading.Thread(target=rank_take, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    res = buf.reserve(0, 4, timeout=0)
+    buf.put([make_group(t, 0) for t in res.tickets])  # two batches' worth
+    for t in threads:
+        t.join(timeout=10)
+    assert [got[r][0] for r in range(3)] == ["batch"] * 3
+    assert got[0][1] is got[1][1] is got[2][1]
+    assert [g.ticket for g in got[0][1].groups] == res.tickets[:2]
+    assert buf.stats.groups_trained == 2
+
+
+def test_ranks_share_the_end_of_data_and_must_keep_lockstep():
+    buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1))
+    res = buf.reserve(0, 2, timeout=0)
+    buf.put([make_group(t, 0) for t in res.tickets])
+    one = buf.take(2, timeout=0, step=0, rank=1, ranks=2)
+    with pytest.raises(ValueError, match="twice"):
+        buf.take(2, timeout=0, step=0, rank=1, ranks=2)
+    assert buf.take(2, timeout=0, step=0, rank=0, ranks=2) == one
+    buf.producer_finished(0)
+    with pytest.raises(ValueError, match="lockstep"):
+        buf.take(2, timeout=0, step=1, rank=0, ranks=2)  # step 1 before version 1
+    buf.advance_version(1)
+    buf.close()  # rank 0 finished and closed: rank 1 still gets the shared end
+    assert buf.take(2, timeout=0, step=1, rank=0, ranks=2) == ("end", None)
+    assert buf.take(2, timeout=0, step=1, rank=1, ranks=2) == ("end", None)
 
 
 @pytest.mark.parametrize("seed", range(8))

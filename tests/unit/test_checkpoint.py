@@ -23,6 +23,8 @@ from zbrl.training.checkpoint import (
 class Weights:
     """A stand-in model that writes one weights file the way save_pretrained would."""
 
+    rank = 0  # the writing rank (save_checkpoint writes on rank 0 only)
+
     def __init__(self, value: float) -> None:
         self.value = value
 

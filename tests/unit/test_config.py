@@ -152,7 +152,22 @@ def test_override_without_equals_is_an_error():
             ["rollout.backend.max_model_len", "max_new_tokens"],
         ),
         (["transport.buffer_capacity=2"], ["buffer_capacity", "train_batch_size"]),
-        (["launch.num_consumers=2", "launch.parallel.dp_size=2"], ["num_consumers=1"]),
+        (["launch.num_consumers=2"], ["launch.num_consumers=2", "training.engine=ddp"]),
+        (["training.engine=fsdp2"], ["training.engine=fsdp2", "launch.num_consumers >= 2"]),
+        (
+            ["launch.num_consumers=3", "training.engine=ddp"],
+            ["train_batch_size (8)", "launch.num_consumers (3)", "multiple of 3"],
+        ),
+        (
+            ["launch.num_consumers=2", "training.engine={type: ddp, backend: nccl}"],
+            ["backend=nccl", "launch.consumer_num_gpus", "backend=gloo"],
+        ),
+        (
+            ["launch.num_consumers=2", "training.engine=ddp", "launch.consumer_num_gpus=2"],
+            ["launch.consumer_num_gpus=1"],
+        ),
+        (["launch.parallel.tp_size=2"], ["tp_size", "not supported", "training.engine=fsdp2"]),
+        (["launch.parallel.dp_size=2"], ["launch.parallel was replaced", "launch.num_consumers"]),
     ],
 )
 def test_bad_values_name_the_field_and_the_fix(overrides, needles):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from zbrl.config import PRESETS, ConfigError, load_config, resolved_yaml
-from zbrl.config.checks import check_critic
 from zbrl.config.rollout import TransformersBackend
 
 
@@ -67,12 +66,19 @@ def test_bad_combinations_are_refused_with_the_fix(overrides, message):
         load_config(None, overrides)
 
 
-def test_critic_is_refused_on_more_than_one_consumer():
-    """Checked on its own: today check_topology refuses num_consumers > 1 before it."""
-    cfg = load_config(None, ["algorithm.preset=ppo"])
-    launch = cfg.launch.model_copy(update={"num_consumers": 2})
-    with pytest.raises(ValueError, match="single-process training engine only"):
-        check_critic(cfg.model_copy(update={"launch": launch}))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.preset=ppo"],
+        ["algorithm.correction=decoupled"],
+        ["algorithm.correction=decoupled", "algorithm.proximal=loglinear"],
+    ],
+)
+def test_step_start_passes_are_refused_on_data_parallel_engines(overrides):
+    data_parallel = ["launch.num_consumers=2", "training.engine=ddp"]
+    with pytest.raises(ConfigError, match="single-process training engine only"):
+        load_config(None, [*overrides, *data_parallel])
+    load_config(None, [*data_parallel, "algorithm.correction=tis"])  # no step-start pass
 
 
 def test_cap_below_one_is_fine_without_a_correction():

@@ -26,7 +26,7 @@ class ScriptedBuffer:
         self.script = list(script)
         self.calls = []
 
-    def take(self, n, timeout):
+    def take(self, n, timeout, step=0, rank=0, ranks=1):
         self.calls.append(("take", n))
         if not self.script:
             return "end", None

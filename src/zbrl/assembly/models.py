@@ -82,11 +82,11 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
 def build_engine(
     cfg: RunConfig, model_dir: Path, total_steps: int, reference_dir: Path | None = None
 ):
-    """The training engine: the policy from ``model_dir`` (and a frozen reference when
-    ``beta > 0``, from ``reference_dir``, by default the same), AdamW and the LR schedule over
-    ``total_steps`` train steps, on one process."""
+    """The training engine of ``training.engine``: the policy from ``model_dir`` (and a frozen
+    reference when ``beta > 0``, from ``reference_dir``, by default the same), AdamW and the LR
+    schedule over ``total_steps`` train steps. ``ddp`` and ``fsdp2`` need this process to be in
+    the consumers' group already (:func:`zbrl.training.distributed.join_group`)."""
     from zbrl.training.engine.single import SingleProcessEngine
-    from zbrl.training.schedule import lr_factor
 
     device = device_of(cfg)
     policy = load_policy(cfg, model_dir).to(device)
@@ -96,24 +96,23 @@ def build_engine(
     if cfg.algorithm.beta > 0:
         reference = load_policy(cfg, reference_dir or model_dir).to(device).eval()
         reference.requires_grad_(False)
-    a = cfg.algorithm
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
-    )
-    optimizer_steps = (
-        total_steps * (cfg.training.train_batch_size // cfg.minibatch_size) * a.ppo_epochs
-    )
-    sched = a.lr_schedule
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: lr_factor(
-            step,
-            warmup_steps=sched.warmup_steps,
-            total_steps=optimizer_steps,
-            decay=sched.decay,
-            min_ratio=sched.min_lr_ratio,
-        ),
-    )
+    make_optimizer = optimizer_factory(cfg, total_steps)
+    engine = cfg.training.engine
+    if engine.type == "ddp":
+        from zbrl.training.engine.ddp import DdpEngine
+
+        return DdpEngine(policy, make_optimizer, reference=reference, device=device)
+    if engine.type == "fsdp2":
+        from zbrl.training.engine.fsdp2 import Fsdp2Engine
+
+        return Fsdp2Engine(
+            policy,
+            make_optimizer,
+            reference=reference,
+            device=device,
+            reshard_after_forward=engine.reshard_after_forward,
+        )
+    optimizer, scheduler = make_optimizer(policy.parameters())
     critic, critic_optimizer = build_critic(cfg, model_dir, device)
     return SingleProcessEngine(
         policy,
@@ -148,6 +147,36 @@ def build_critic(cfg: RunConfig, model_dir: Path, device: torch.device):
         betas=cfg.algorithm.adam_betas,
     )
     return critic, optimizer
+
+
+def optimizer_factory(cfg: RunConfig, total_steps: int):
+    """``params -> (AdamW, LR schedule)`` of the configured algorithm, the schedule spanning the
+    optimizer steps of ``total_steps`` train steps (engines call it after wrapping/sharding)."""
+    from zbrl.training.schedule import lr_factor
+
+    a = cfg.algorithm
+    sched = a.lr_schedule
+    optimizer_steps = (
+        total_steps * (cfg.training.train_batch_size // cfg.minibatch_size) * a.ppo_epochs
+    )
+
+    def make(params):
+        optimizer = torch.optim.AdamW(
+            params, lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: lr_factor(
+                step,
+                warmup_steps=sched.warmup_steps,
+                total_steps=optimizer_steps,
+                decay=sched.decay,
+                min_ratio=sched.min_lr_ratio,
+            ),
+        )
+        return optimizer, scheduler
+
+    return make
 
 
 def build_trainer(

@@ -75,7 +75,7 @@ UID_LOG_FILE = "trained_uids.jsonl"
 def consumer_settings(cfg: RunConfig, run_dir: str | Path) -> ConsumerSettings:
     lg = cfg.logging
     return ConsumerSettings(
-        groups_per_step=cfg.training.train_batch_size // cfg.launch.num_consumers,
+        groups_per_step=cfg.training.train_batch_size,  # data-parallel ranks split it
         max_steps=cfg.training.max_steps,
         checkpoint_dir=str(Path(run_dir) / "checkpoints"),
         save_interval=lg.save_interval,

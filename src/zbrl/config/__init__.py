@@ -18,7 +18,7 @@ from zbrl.config.algorithm import (
 )
 from zbrl.config.data import DataConfig, SyntheticTaskConfig
 from zbrl.config.evaluation import EvalConfig
-from zbrl.config.launch import LaunchConfig, ParallelConfig
+from zbrl.config.launch import LaunchConfig
 from zbrl.config.loader import (
     ConfigError,
     apply_overrides,
@@ -43,7 +43,7 @@ from zbrl.config.rewards import (
 )
 from zbrl.config.rollout import GenerationConfig, RolloutConfig, TemperatureSchedule
 from zbrl.config.run import RunConfig
-from zbrl.config.training import TrainingConfig
+from zbrl.config.training import DdpEngine, Fsdp2Engine, SingleEngine, TrainingConfig
 from zbrl.config.transport import ObjectStoreSync, TransportConfig
 
 __all__ = [
@@ -56,9 +56,11 @@ __all__ = [
     "ConfigError",
     "CriticConfig",
     "DataConfig",
+    "DdpEngine",
     "DrGrpoAdvantage",
     "EvalConfig",
     "ExtraReward",
+    "Fsdp2Engine",
     "GaeAdvantage",
     "GenerationConfig",
     "GrpoAdvantage",
@@ -72,7 +74,6 @@ __all__ = [
     "MathRewardOptions",
     "ModelConfig",
     "ObjectStoreSync",
-    "ParallelConfig",
     "PolicyLossConfig",
     "PpoClipLoss",
     "ReinforcePPAdvantage",
@@ -81,6 +82,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SandboxConfig",
+    "SingleEngine",
     "SyntheticTaskConfig",
     "TemperatureSchedule",
     "ThinkAnswerTagsReward",

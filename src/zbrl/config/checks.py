@@ -45,7 +45,8 @@ def check_train_batching(cfg: RunConfig) -> None:
     if t.train_batch_size % consumers:
         raise ValueError(
             f"training.train_batch_size ({t.train_batch_size}) is not divisible by "
-            f"launch.num_consumers ({consumers}); each consumer needs the same number of groups"
+            f"launch.num_consumers ({consumers}); each consumer trains an equal slice of every "
+            f"step's batch: pick a train_batch_size that is a multiple of {consumers}"
         )
 
 
@@ -94,17 +95,6 @@ def check_length_shaping(cfg: RunConfig) -> None:
 
 def check_topology(cfg: RunConfig) -> None:
     la = cfg.launch
-    if la.parallel.dp_size != la.num_consumers:
-        raise ValueError(
-            f"launch.parallel.dp_size ({la.parallel.dp_size}) must equal launch.num_consumers "
-            f"({la.num_consumers}): each data-parallel replica is one consumer"
-        )
-    if la.num_consumers > 1 or la.parallel.fsdp_size > 1 or la.parallel.tp_size > 1:
-        raise ValueError(
-            "multi-consumer training (launch.num_consumers > 1, fsdp_size or tp_size > 1) "
-            "needs the data-parallel engine, which this version does not ship yet; "
-            "set num_consumers=1"
-        )
     backend = cfg.rollout.backend
     tp = backend.tensor_parallel_size if backend.type == "vllm" else 1
     if tp > 1 and la.producer_num_gpus < tp:
@@ -134,6 +124,41 @@ def check_vllm_evaluator(cfg: RunConfig) -> None:
             "rollout.backend.type=vllm on GPUs with eval.sets: the in-run evaluator is placed "
             "without a GPU, where vLLM's GPU build cannot start; set eval.sets={} and evaluate "
             "saved checkpoints with `zbrl eval --model RUN_DIR/checkpoints/step-N`"
+        )
+
+
+def check_engine(cfg: RunConfig) -> None:
+    """The engine fits the number of consumers and their devices."""
+    engine, consumers = cfg.training.engine, cfg.launch.num_consumers
+    if engine.type == "single" and consumers > 1:
+        raise ValueError(
+            f"launch.num_consumers={consumers} needs a data-parallel engine; set "
+            "training.engine=ddp (full replicas) or training.engine=fsdp2 (sharded), or "
+            "launch.num_consumers=1"
+        )
+    if engine.type == "fsdp2" and consumers < 2:
+        raise ValueError(
+            "training.engine=fsdp2 shards the model over the consumers, but launch.num_consumers "
+            "is 1: set launch.num_consumers >= 2, or use training.engine=single"
+        )
+    backend = getattr(engine, "backend", None)
+    gpus = cfg.launch.consumer_num_gpus
+    if backend == "nccl" and gpus <= 0:
+        raise ValueError(
+            f"training.engine.backend=nccl needs GPUs on the consumers, but "
+            f"launch.consumer_num_gpus is {gpus}; set launch.consumer_num_gpus=1 on GPU "
+            "machines, or training.engine.backend=gloo (or auto) on CPU"
+        )
+    if engine.type != "single" and gpus > 0 and gpus != 1:
+        raise ValueError(
+            f"a {engine.type} consumer drives exactly one GPU, but launch.consumer_num_gpus is "
+            f"{gpus}; set launch.consumer_num_gpus=1 and one consumer per GPU "
+            "(launch.num_consumers)"
+        )
+    if gpus > 0 and cfg.training.device == "cpu":
+        raise ValueError(
+            f"launch.consumer_num_gpus is {gpus} but training.device is cpu; set "
+            "training.device=auto (or cuda), or launch.consumer_num_gpus=0"
         )
 
 
@@ -199,12 +224,26 @@ def check_critic(cfg: RunConfig) -> None:
             "algorithm.advantage.kl_in_reward folds algorithm.beta x KL into the rewards, but "
             "algorithm.beta is 0; set algorithm.beta > 0 (e.g. 0.01) or kl_in_reward=false"
         )
-    parallel = cfg.launch.parallel
-    if a.critic is not None and (cfg.launch.num_consumers > 1 or parallel.fsdp_size > 1):
+    engine = cfg.training.engine.type
+    if a.critic is not None and engine != "single":
         raise ValueError(
-            "algorithm.critic runs on the single-process training engine only; set "
-            "launch.num_consumers=1 (and launch.parallel.fsdp_size=1) or use a critic-free "
-            "estimator such as algorithm.advantage=grpo"
+            f"algorithm.critic runs on the single-process training engine only, and "
+            f"training.engine.type is {engine!r}; set training.engine=single and "
+            "launch.num_consumers=1, or use a critic-free estimator such as "
+            "algorithm.advantage=grpo"
+        )
+
+
+def check_step_start_pass(cfg: RunConfig) -> None:
+    """The decoupled correction's step-start pass runs on the single-process engine only (its
+    forward passes are not paired up across data-parallel ranks yet)."""
+    a = cfg.algorithm
+    engine = cfg.training.engine.type
+    if a.correction in CORRECTIONS_WITH_PROXIMAL and engine != "single":
+        raise ValueError(
+            f"algorithm.correction={a.correction} runs on the single-process training engine "
+            f"only, and training.engine.type is {engine!r}; use algorithm.correction=tis or mis "
+            "(no proximal pass) with data-parallel consumers, or training.engine=single"
         )
 
 
@@ -214,10 +253,12 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_group_size,
     check_length_shaping,
     check_topology,
+    check_engine,
     check_vllm_lengths,
     check_vllm_evaluator,
     check_staleness_buffer,
     check_correction,
     check_proximal,
     check_critic,
+    check_step_start_pass,
 )

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, model_validator
 
 from zbrl.config.base import Section
 
-
-class ParallelConfig(Section):
-    """Parallelism of the training consumers."""
-
-    dp_size: int = Field(default=1, ge=1)
-    """Data-parallel replicas (one consumer each)."""
-    fsdp_size: int = Field(default=1, ge=1)
-    """FSDP shard group size inside each data-parallel replica."""
-    tp_size: int = Field(default=1, ge=1)
-    """Tensor-parallel degree of the trained model."""
+PARALLEL_REPLACED = (
+    "launch.parallel was replaced: data-parallel training is launch.num_consumers=M with "
+    "training.engine=ddp (full replicas) or training.engine=fsdp2 (parameters and optimizer "
+    "state sharded over the M consumers); remove launch.parallel"
+)
+TP_REFUSED = (
+    "tensor parallelism of the trained model (launch.parallel.tp_size) is not supported; remove "
+    "it and shard with training.engine=fsdp2 over launch.num_consumers instead"
+)
 
 
 class LaunchConfig(Section):
@@ -24,7 +25,8 @@ class LaunchConfig(Section):
     num_producers: int = Field(default=1, ge=1)
     """Rollout producers (each owns a disjoint shard of the prompts)."""
     num_consumers: int = Field(default=1, ge=1)
-    """Training consumers."""
+    """Training consumers: the ranks of one data-parallel process group (``training.engine``
+    says how they share the model); each step's batch is split among them."""
     ray_address: str | None = None
     """Address of an existing Ray cluster; None starts a local one on loopback."""
     producer_num_cpus: float = Field(default=1.0, gt=0)
@@ -40,5 +42,12 @@ class LaunchConfig(Section):
     next death ends the run, leaving a resumable checkpoint."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    """Training parallelism."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_parallel(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "parallel" in data:
+            parallel = data["parallel"]
+            tp = parallel.get("tp_size", 1) if isinstance(parallel, dict) else 1
+            raise ValueError(TP_REFUSED if tp != 1 else PARALLEL_REPLACED)
+        return data

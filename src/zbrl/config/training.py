@@ -1,12 +1,51 @@
-"""How the consumers batch and run the optimisation."""
+"""How the consumers batch and run the optimisation, and the engine that spreads it over them."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+from zbrl.config.plugin import as_plugin_dict, plugin_union
+
+CollectiveBackend = Literal["auto", "gloo", "nccl"]
+"""torch.distributed backend of the consumers' group: ``auto`` is NCCL when the consumers have
+GPUs (``launch.consumer_num_gpus > 0``), gloo otherwise."""
+
+
+class SingleEngine(Section):
+    """One consumer process trains the whole model (``launch.num_consumers`` must be 1)."""
+
+    type: Literal["single"] = "single"
+    """Engine discriminator."""
+
+
+class DdpEngine(Section):
+    """Data parallel (torch DDP): every consumer holds the full model and optimizer state;
+    gradients are all-reduced once per optimizer step (after the last micro-batch)."""
+
+    type: Literal["ddp"] = "ddp"
+    """Engine discriminator."""
+    backend: CollectiveBackend = "auto"
+    """Collective backend of the consumers' process group."""
+
+
+class Fsdp2Engine(Section):
+    """Fully sharded data parallel (torch FSDP2, ``fully_shard`` per decoder layer, then the
+    root): parameters, gradients and optimizer state are sharded over the consumers; full weights
+    are gathered to rank 0's CPU only to publish and to checkpoint."""
+
+    type: Literal["fsdp2"] = "fsdp2"
+    """Engine discriminator."""
+    backend: CollectiveBackend = "auto"
+    """Collective backend of the consumers' process group."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward (less memory, one more
+    all-gather in the backward)."""
+
+
+EngineConfig = plugin_union(SingleEngine, DdpEngine, Fsdp2Engine)
 
 
 class TrainingConfig(Section):
@@ -18,10 +57,19 @@ class TrainingConfig(Section):
     """Groups per optimizer step; a train batch makes train_batch_size / train_minibatch_size
     optimizer steps. None means one optimizer step per train batch."""
     train_microbatch_size: int = Field(default=8, ge=1)
-    """Sequences per forward/backward pass (gradient accumulation; padded per micro-batch)."""
+    """Sequences per forward/backward pass on one consumer (gradient accumulation; padded per
+    micro-batch)."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps; None runs until the data ends."""
     logprob_chunk_size: int = Field(default=1024, ge=1)
     """Rows of logits turned into log-probs at once (bounds the float32 working set)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the consumer's model; ``auto`` picks CUDA when available."""
+    engine: EngineConfig = Field(default_factory=SingleEngine)
+    """How the ``launch.num_consumers`` consumers train together: ``single`` (one consumer),
+    ``ddp`` or ``fsdp2``."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_shorthand(cls, value: Any) -> Any:
+        return as_plugin_dict(value, SingleEngine)

@@ -11,6 +11,8 @@ from typing import Any
 from zbrl.assembly.artifacts import Artifacts
 from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig
+from zbrl.launch.process_group import consumer_group
+from zbrl.training.distributed import GroupSpec
 from zbrl.types import EncodedPrompt
 
 
@@ -37,6 +39,8 @@ class Workers:
     consumers: list[Any]
     evaluator: Any | None
     names: dict[Any, str] = field(default_factory=dict)
+    group_host: Any = None
+    """The consumers' rendezvous store (kept alive for the run), when there are several."""
 
     def all(self) -> list[Any]:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
@@ -57,6 +61,8 @@ class Spawner:
     hub: Any
     prompts_ref: Any
     eval_sets: dict[str, list[EncodedPrompt]]
+    group: GroupSpec | None = None
+    """The consumers' data-parallel group (None for one consumer)."""
 
     @property
     def _data(self) -> dict[str, Any]:
@@ -106,6 +112,7 @@ class Spawner:
                 self.store,
                 self.hub,
                 self.start.trainer_state,
+                self.group,
             )
         )
 
@@ -163,14 +170,15 @@ def create_workers(
     if buffer_state is not None:
         ray.get(buffer.load_state.remote(buffer_state))
         resume_states = ray.get(buffer.reclaim.remote(None))
+    group_host, group = consumer_group(cfg)
     spawner = Spawner(
         cfg, artifacts, run_dir, start, total_steps, buffer, store, hub,
-        ray.put(train_prompts), eval_sets,
+        ray.put(train_prompts), eval_sets, group,
     )  # fmt: skip
     producers = [spawner.producer(i, resume_states.get(i)) for i in range(la.num_producers)]
     consumers = [spawner.consumer(i) for i in range(la.num_consumers)]
     evaluator = spawner.evaluator()
-    workers = Workers(buffer, store, hub, producers, consumers, evaluator)
+    workers = Workers(buffer, store, hub, producers, consumers, evaluator, group_host=group_host)
     workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
     workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
     if evaluator is not None:

@@ -14,6 +14,7 @@ from zbrl.assembly.rewards import build_reward_fn
 from zbrl.assembly.settings import consumer_settings, eval_sampling_params, producer_settings
 from zbrl.config import RunConfig
 from zbrl.telemetry.spans import SpanRecorder
+from zbrl.training.distributed import GroupSpec, join_group
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import RayHandle
 from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
@@ -113,7 +114,8 @@ class ProducerWorker:
 
 
 class ConsumerWorker:
-    """A Consumer (policy, optional frozen reference, optimizer) in its own process."""
+    """A Consumer (policy, optional frozen reference, optimizer) in its own process; with
+    ``group``, rank ``index`` of the consumers' data-parallel process group."""
 
     def __init__(
         self,
@@ -128,15 +130,19 @@ class ConsumerWorker:
         store: Any,
         hub: Any,
         trainer_state: str | None,
+        group: GroupSpec | None = None,
     ) -> None:
         """``model_dir``: the policy's weights (a checkpoint when resuming); ``reference_dir``:
         the frozen reference's (the base model); ``trainer_state``: a checkpoint's consumer state
-        file to continue from."""
+        file to continue from; ``group``: the data-parallel group this consumer joins as rank
+        ``index`` (None for one consumer)."""
         from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, index)
+        if group is not None:  # a data-parallel rank: in the group before the engine is built
+            join_group(group, rank=index)
         self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
         self.hub = HubClient(RayHandle(hub))
         tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))

@@ -43,8 +43,11 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class PretrainedWriter(Protocol):
-    """A model (or an :class:`~zbrl.training.engine.base.Engine`) that writes itself in the
-    ``from_pretrained`` layout."""
+    """An :class:`~zbrl.training.engine.base.Engine` (or anything with a ``rank``) that writes
+    itself in the ``from_pretrained`` layout; on a data-parallel engine every rank calls
+    ``save_pretrained`` (a collective for sharded ones) and only rank 0 writes."""
+
+    rank: int
 
     def save_pretrained(self, directory: Path) -> None: ...
 
@@ -82,11 +85,15 @@ def save_checkpoint(
 ) -> Path:
     """Write the model (+ tokenizer, + the resume ``state``: file name under ``zbrl/`` → picklable
     object) to ``directory`` atomically; returns ``directory``. An existing ``directory`` is
-    replaced only once the new one is complete."""
+    replaced only once the new one is complete. Every rank of a data-parallel engine calls it
+    (gathering a sharded model is a collective); only rank 0 touches the file system."""
     import torch
 
     final = Path(directory)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    if model.rank != 0:
+        model.save_pretrained(tmp)  # joins the gather; writes nothing
+        return final
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)

@@ -2,9 +2,11 @@
 
 Publishing never blocks the next step: the weights are copied to a staging buffer on this thread
 and sent by the publisher's background thread (any ``WeightPublisher`` of
-:mod:`zbrl.transport.weight_sync`). Nothing here assumes a single consumer or a single
-producer: the buffer hands out batches by ticket order and the weight store serves any number of
-receivers.
+:mod:`zbrl.transport.weight_sync`). Data-parallel consumers (the ranks of the engine's process
+group) each run this loop in lockstep: every rank takes the same step's batch from the buffer and
+trains its slice; the version moves on every rank together; only rank 0 publishes weights,
+reports metrics and rollouts and writes checkpoints (the gathering of full weights is a
+collective every rank joins).
 """
 
 from __future__ import annotations
@@ -113,10 +115,21 @@ class Consumer:
             stopped=stopped,
         )
 
+    @property
+    def rank(self) -> int:
+        return self.trainer.engine.rank
+
     def _wait_for_batch(self) -> tuple[str, TrainBatch | None]:
+        engine = self.trainer.engine
         with self.recorder.span(WAIT_FOR_DATA, step=self.version):
             while True:
-                status, batch = self.buffer.take(self.settings.groups_per_step, POLL_TIMEOUT_S)
+                status, batch = self.buffer.take(
+                    self.settings.groups_per_step,
+                    POLL_TIMEOUT_S,
+                    self.version,
+                    engine.rank,
+                    engine.world_size,
+                )
                 if status != "timeout":
                     return status, batch
 
@@ -127,18 +140,20 @@ class Consumer:
         train_s = time.time() - start
         self.version += 1
         weights = self.trainer.engine.full_state_dict()  # a collective on sharded engines
-        if self.trainer.engine.rank == 0:
+        if self.rank == 0:
             self.publisher.publish(self.version, weights)
         self.buffer.advance_version(self.version)
         self.groups_trained += len(batch.groups)
         self.samples_trained += sum(g.group_size for g in batch.groups)
         self.partial_batches += int(batch.partial)
-        metrics.update(_batch_metrics(batch, self.version - 1, train_s))
-        snapshot = self.buffer.snapshot()
-        metrics["sample_utilization"] = snapshot["sample_utilization"]
         self._log_uids(batch)
         if self.settings.save_interval and self.version % self.settings.save_interval == 0:
             self._save()
+        if self.rank != 0:
+            return  # rank 0 reports the step (its metrics are the whole step's)
+        metrics.update(_batch_metrics(batch, self.version - 1, train_s))
+        snapshot = self.buffer.snapshot()
+        metrics["sample_utilization"] = snapshot["sample_utilization"]
         if self.on_step is not None:
             self.on_step(self.version, metrics)
         every = self.settings.log_rollout_interval
@@ -183,10 +198,18 @@ class Consumer:
     def _save(self) -> Path:
         """A resumable checkpoint of this step (see :mod:`zbrl.training.checkpoint`): the model,
         this consumer's state and the buffer's, taken together between steps."""
+        engine = self.trainer.engine
         path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"
-        state = {TRAINER_FILE: self.state(), BUFFER_FILE: self.buffer.state()}
-        saved = save_checkpoint(self.trainer.engine, self.tokenizer, path, state=state)
-        prune(self.settings.checkpoint_dir, self.settings.save_keep)
+        trainer_state = self.state()  # every rank: a collective on sharded engines
+        state = (
+            {TRAINER_FILE: trainer_state, BUFFER_FILE: self.buffer.state()} if not self.rank else {}
+        )
+        saved = save_checkpoint(engine, self.tokenizer, path, state=state)
+        if self.rank == 0:
+            prune(self.settings.checkpoint_dir, self.settings.save_keep)
+        if engine.world_size > 1:
+            # no rank may take the next step's batch before rank 0 captured the buffer's state
+            engine.all_reduce([0.0], "sum")
         return saved
 
     # -- resume ----------------------------------------------------------------------------------

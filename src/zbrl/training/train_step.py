@@ -77,7 +77,12 @@ class Trainer:
     ) -> dict[str, float]:
         """Train on one batch of groups (``ppo_epochs`` passes, one optimizer step per
         mini-batch each); ``policy_version`` is the version being trained (how stale each group
-        is; needed by the log-linear proximal approximation). Returns the step's metrics."""
+        is; needed by the log-linear proximal approximation). Returns the step's metrics.
+
+        Every rank of a data-parallel engine gets the whole batch (advantages such as
+        REINFORCE++'s are whitened over all of it) and trains its contiguous slice of each
+        optimizer step's groups, in ticket order (:func:`rank_slice`); the metrics returned are
+        the whole step's, the same on every rank."""
         s = self.settings
         rewards_BG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         if s.advantage == GAE:
@@ -85,23 +90,28 @@ class Trainer:
         else:
             advantages_BG = compute_advantages(s.advantage, rewards_BG, **s.advantage_kwargs)
         per_minibatch = s.minibatch_groups or len(groups)
-        minibatches = [
-            build_rows(
-                groups[start : start + per_minibatch],
-                advantages_BG[start : start + per_minibatch],
+        engine = self.engine
+        minibatches: list[tuple[list[Row], int]] = []  # this rank's rows, micro-batches to run
+        for start in range(0, len(groups), per_minibatch):
+            chunk = groups[start : start + per_minibatch]
+            mine = rank_slice(len(chunk), engine.rank, engine.world_size)
+            rows = build_rows(
+                chunk[mine],
+                advantages_BG[start : start + per_minibatch][mine],
                 filter_truncated=s.filter_truncated,
                 loss_filter_range=s.loss_filter_range,
                 trained_version=policy_version,
             )
-            for start in range(0, len(groups), per_minibatch)
-        ]
+            count = micro_batch_count(chunk, engine.world_size, s.microbatch_size)
+            minibatches.append((rows, count))
         self._check_versions(policy_version)
-        metrics = self._step_start([row for rows in minibatches for row in rows])
+        metrics = self._step_start([row for rows, _ in minibatches for row in rows])
         totals = _Totals()
         self._updates_in_batch = 0
+        steps_per_batch = self._steps_per_batch(len(minibatches))
         for _ in range(s.ppo_epochs):
-            for rows in minibatches:
-                totals.add(self._optimizer_step(rows, self._steps_per_batch(len(minibatches))))
+            for rows, count in minibatches:
+                totals.add(self._optimizer_step(rows, count, steps_per_batch))
                 self._updates_in_batch += 1
         metrics.update(totals.means())
         metrics["advantage_mean"] = float(advantages_BG.mean())
@@ -138,16 +148,23 @@ class Trainer:
         )
         return annotate_gae(rows, critic) if critic is not None else {}
 
-    def _optimizer_step(self, rows: list[Row], steps_per_batch: int) -> dict[str, float]:
+    def _optimizer_step(
+        self, rows: list[Row], micro_batches_to_run: int, steps_per_batch: int
+    ) -> dict[str, float]:
+        """One optimizer step over this rank's ``rows``, in ``micro_batches_to_run`` micro-batches
+        (the busiest rank's count: a rank with fewer rows runs zero-weight padding ones)."""
         s = self.settings
         engine = self.engine
         tokens, seqs = trained_token_count(rows)
         local = Normalisers(tokens=float(tokens), seqs=float(seqs), norm_tokens=s.norm_tokens)
         norm = engine.reduce_normalisers(local)
+        micro_batches = split(rows, s.microbatch_size)
+        # every rank runs as many micro-batches as the busiest one (collectives pair up)
+        padding = micro_batches_to_run - len(micro_batches)
+        micro_batches += [[padding_row(s.pad_id)] for _ in range(padding)]
         engine.zero_grad()
         weighted = _Totals()
         loss_sum = 0.0
-        micro_batches = split(rows, s.microbatch_size)
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
                 mb = collate(micro_rows, s.pad_id)
@@ -159,10 +176,11 @@ class Trainer:
             weighted.add(out.metrics, weight=out.metrics.get("num_tokens", 0.0))
         lr = engine.current_lr()
         grad_norm = engine.clip_and_step(s.max_norm)
-        metrics = weighted.means()
+        metrics = weighted.reduced(engine).means()
         if s.critic is not None:
             metrics["critic_grad_norm"] = engine.critic_clip_and_step(s.critic.max_norm)
-        metrics.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, trained_tokens=float(tokens))
+        loss, trained = engine.all_reduce([loss_sum, float(tokens)], "sum")
+        metrics.update(loss=loss, grad_norm=grad_norm, lr=lr, trained_tokens=trained)
         return metrics
 
     def _micro_step(self, mb: MicroBatch, norm: Normalisers, steps_per_batch: int) -> LossOutputs:
@@ -243,6 +261,40 @@ class Trainer:
         )
 
 
+SUMMED = ("num_tokens", "trained_tokens")
+"""Metrics that add up over micro-batches, ranks and optimizer steps (the rest are means)."""
+
+
+def rank_slice(num_groups: int, rank: int, world_size: int) -> slice:
+    """The contiguous groups (in ticket order) that ``rank`` trains of one optimizer step's
+    ``num_groups``: balanced, the first ranks taking one fewer when it does not divide."""
+    return slice(rank * num_groups // world_size, (rank + 1) * num_groups // world_size)
+
+
+def micro_batch_count(groups: list[RolloutGroup], world_size: int, microbatch_size: int) -> int:
+    """Micro-batches of the busiest rank for one optimizer step over ``groups``."""
+    counts = []
+    for rank in range(world_size):
+        rows = sum(g.group_size for g in groups[rank_slice(len(groups), rank, world_size)])
+        counts.append(-(-rows // microbatch_size))
+    return max(counts)
+
+
+def padding_row(pad_id: int) -> Row:
+    """A one-token row outside the loss: a rank with fewer micro-batches than the busiest runs
+    these, so its collectives pair up; its gradient and metric weight are zero."""
+    return Row(
+        prompt_ids=[pad_id],
+        response_ids=torch.tensor([pad_id], dtype=torch.long),
+        old_logprobs=torch.zeros(1),
+        advantage=0.0,
+        temperature=1.0,
+        trained=False,
+        reward=0.0,
+        behind=0,
+    )
+
+
 class _Totals:
     """Weighted running means of metric dicts."""
 
@@ -256,14 +308,32 @@ class _Totals:
                 self.sums[k] = max(self.sums.get(k, float("-inf")), float(v))
                 self.weights[k] = 1.0
                 continue
-            w = 1.0 if k in ("num_tokens", "trained_tokens") else weight
+            w = 1.0 if k in SUMMED else weight
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * w
             self.weights[k] = self.weights.get(k, 0.0) + w
+
+    def reduced(self, engine: Engine) -> _Totals:
+        """These totals combined over the engine's ranks (sums added, maxima maxed); every
+        rank must hold the same keys."""
+        if engine.world_size == 1:
+            return self
+        keys = sorted(self.sums)
+        summed = [k for k in keys if not k.endswith("_max")]
+        maxed = [k for k in keys if k.endswith("_max")]
+        both = engine.all_reduce(
+            [self.sums[k] for k in summed] + [self.weights[k] for k in summed], "sum"
+        )
+        sums, weights = both[: len(summed)], both[len(summed) :]
+        maxima = engine.all_reduce([self.sums[k] for k in maxed], "max")
+        out = _Totals()
+        out.sums = dict(zip(summed + maxed, sums + maxima, strict=True))
+        out.weights = dict(zip(summed, weights, strict=True)) | {k: 1.0 for k in maxed}
+        return out
 
     def means(self) -> dict[str, float]:
         out = {}
         for k, total in self.sums.items():
-            if k in ("num_tokens", "trained_tokens") or k.endswith("_max"):
+            if k in SUMMED or k.endswith("_max"):
                 out[k] = total
             else:
                 out[k] = total / self.weights[k] if self.weights[k] else 0.0

@@ -12,6 +12,14 @@ weights of at least version ``e // groups_per_step - max_staleness``. Together t
 no group trained at version v was generated before version v - max_staleness; ``take`` re-checks
 the bound and drops (and counts) any group that would break it.
 
+Data-parallel consumers (``ranks > 1`` in ``take``) train one batch per step together: the first
+rank that asks for step ``s`` pops the batch exactly as a single consumer would (same ticket
+order, same staleness check, counted once) and the buffer keeps it until every rank has taken it;
+each rank trains its slice (``zbrl.training.train_step.rank_slice``). Ranks move from step to step
+in lockstep (their gradient collectives pair up), so when step ``s`` is popped the version is
+``s`` and the guarantee above holds for every rank's slice. An end of data or a stop is shared the
+same way (every rank trains step ``s`` or none does).
+
 Resume and restarts. Each producer sends its resume point (``Producer.state``: sampler position,
 RNG, counters) with every ``put``; the buffer stores it under the same lock as the groups, so its
 :meth:`state` always pairs the groups it holds with the producer states that produced exactly
@@ -96,6 +104,7 @@ class RolloutBuffer:
         self._head = 0  # lowest ticket not yet consumed
         self._finished: set[int] = set()
         self._closed = False
+        self._shared: dict[int, tuple[TakeResult, set[int]]] = {}  # step -> result, ranks to go
         self._stopping = False
         self._owners: dict[int, int] = {}  # pending ticket -> the producer that reserved it
         self._producer_states: dict[int, dict[str, Any]] = {}  # producer -> its last resume point
@@ -190,32 +199,63 @@ class RolloutBuffer:
 
     # -- consumers -----------------------------------------------------------------------------
 
-    def take(self, n: int | None = None, timeout: float | None = None) -> TakeResult:
+    def take(
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        step: int = 0,
+        rank: int = 0,
+        ranks: int = 1,
+    ) -> TakeResult:
         """Block until ``n`` effective groups are ready in ticket order and return them.
 
         Returns ``("batch", batch)``; when every producer has finished and fewer remain, they come
         as a partial batch. Returns ``("end", None)`` when nothing is left or the buffer is closed,
         ``("stop", None)`` once :meth:`request_stop` was called (what is buffered stays, for a
-        checkpoint) and ``("timeout", None)`` when ``timeout`` passes first.
+        checkpoint) and ``("timeout", None)`` when ``timeout`` passes first. With ``ranks > 1``
+        each of the ``ranks`` data-parallel consumers asks for ``step`` (its version) as ``rank``
+        and all get the same batch (or end, or stop), popped once (see the module docstring).
         """
         n = n or self.settings.groups_per_step
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            if ranks > 1 and step not in self._shared and step != self._version:
+                raise ValueError(
+                    f"consumer rank {rank} asked for step {step} at version {self._version}: "
+                    "data-parallel ranks must take each step's batch in lockstep"
+                )
             while True:
+                if ranks > 1 and step in self._shared:  # (also after waiting: another rank
+                    return self._take_shared(step, rank)  # may have popped it meanwhile)
                 if self._stopping:
-                    return "stop", None
+                    return self._share(("stop", None), step, rank, ranks)
                 ready, complete = self._ready_prefix(n)
                 if len(ready) >= n or (complete and ready):
                     batch = self._pop_batch(ready[:n], partial=len(ready) < n)
                     if batch is not None:
-                        return "batch", batch
+                        return self._share(("batch", batch), step, rank, ranks)
                     continue  # every group was stale and dropped: look again
                 if complete or self._closed:
-                    return "end", None
+                    return self._share(("end", None), step, rank, ranks)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return "timeout", None
                 self._cond.wait(remaining)
+
+    def _share(self, result: TakeResult, step: int, rank: int, ranks: int) -> TakeResult:
+        """Keep ``result`` for the other ranks of a data-parallel step."""
+        if ranks > 1:
+            self._shared[step] = (result, set(range(ranks)) - {rank})
+        return result
+
+    def _take_shared(self, step: int, rank: int) -> TakeResult:
+        result, waiting = self._shared[step]
+        if rank not in waiting:
+            raise ValueError(f"consumer rank {rank} took the batch of step {step} twice")
+        waiting.discard(rank)
+        if not waiting:
+            del self._shared[step]
+        return result
 
     def advance_version(self, version: int) -> None:
         """The consumers finished a step: admission moves forward."""

@@ -39,8 +39,11 @@ class BufferClient:
         self.handle.call(RolloutBuffer.producer_finished, producer)
 
     # consumers
-    def take(self, n: int | None, timeout: float | None) -> TakeResult:
-        return self.handle.call(RolloutBuffer.take, n, timeout)
+    def take(
+        self, n: int | None, timeout: float | None, step: int = 0, rank: int = 0, ranks: int = 1
+    ) -> TakeResult:
+        """``ranks > 1``: data-parallel consumer ``rank`` takes the batch of ``step``."""
+        return self.handle.call(RolloutBuffer.take, n, timeout, step, rank, ranks)
 
     def advance_version(self, version: int) -> None:
         self.handle.call(RolloutBuffer.advance_version, version)

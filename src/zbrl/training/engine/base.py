@@ -4,8 +4,8 @@ The train step (:class:`zbrl.training.train_step.Trainer`) owns the RL logic: ad
 micro-batching, the loss and its aggregation, metrics. An engine owns everything that changes when
 training is spread over processes: the policy (and frozen reference), the optimizer, the LR
 scheduler, the device, gradient synchronisation and how full weights are gathered. The
-single-process engine (:mod:`.single`) is the only one today; data-parallel (DDP) and sharded
-(FSDP2) engines implement the same interface, so the step runs unchanged on them.
+single-process engine (:mod:`.single`), the data-parallel engine (:mod:`.ddp`) and the sharded
+engine (:mod:`.fsdp2`) implement the same interface, so the step runs unchanged on all of them.
 
 One optimizer step, as the trainer drives it::
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -103,6 +103,11 @@ class Engine(Protocol):
         """Global normalisers from this rank's counts of one optimizer step (identity for one
         process; data-parallel engines all-reduce ``tokens`` and ``seqs`` with SUM). A collective:
         every rank calls it once per optimizer step."""
+        ...
+
+    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
+        """``values`` reduced element-wise over the ranks (identity for one process): how the
+        step's metrics are combined. A collective: every rank passes the same number of values."""
         ...
 
     def current_lr(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -93,6 +93,9 @@ class SingleProcessEngine:
 
     def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
         return norm
+
+    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
+        return list(values)
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])

@@ -1,0 +1,121 @@
+"""The data-parallel engine (torch DDP): every rank holds the full policy and optimizer state;
+gradients are all-reduced (averaged) once per optimizer step, after the last micro-batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from zbrl.algorithms.aggregation import Normalisers
+from zbrl.training import distributed
+from zbrl.training.engine.single import cpu_snapshot
+
+OptimizerFactory = Callable[
+    [Iterable[torch.nn.Parameter]],
+    tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler],
+]
+"""Builds the optimizer and its LR schedule over the parameters an engine trains (sharded
+engines must build it after sharding, so engines take the factory, not the optimizer)."""
+
+
+class DdpEngine:
+    """:class:`~zbrl.training.engine.base.Engine` over torch DDP in an initialised process group.
+
+    Every rank loads the same weights; DDP also broadcasts rank 0's at construction. The loss of
+    each micro-batch is this rank's share of the step objective over the *global* normalisers,
+    scaled by ``world_size`` because DDP averages the ranks' gradients: the result is the
+    gradient one process computes on the whole batch.
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        optimizer_factory: OptimizerFactory,
+        *,
+        reference: torch.nn.Module | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.device = torch.device(device)
+        self.policy = policy  # the plain module (weights, save_pretrained)
+        ids = [self.device.index or 0] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(policy, device_ids=ids)
+        self.reference = reference
+        self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
+        self.optimizer_steps = 0
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    def zero_grad(self) -> None:
+        self.ddp.train()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def microbatch(self, last: bool) -> AbstractContextManager[Any]:
+        return nullcontext() if last else self.ddp.no_sync()
+
+    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
+        return self.ddp(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+    def reference_logits(
+        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
+    ) -> torch.Tensor:
+        if self.reference is None:
+            raise ValueError("this engine has no reference model (algorithm.beta is 0)")
+        with torch.no_grad():
+            return self.reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.world_size).backward()
+
+    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
+        return distributed.reduce_normalisers(norm, self.device)
+
+    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
+        return distributed.all_reduce_floats(values, op, self.device)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def clip_and_step(self, max_norm: float) -> float:
+        # the gradients are identical on every rank after the all-reduce: so is the norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(grad_norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.policy.state_dict() if self.rank == 0 else {}
+
+    def save_pretrained(self, directory: Path) -> None:
+        if self.rank == 0:
+            self.policy.save_pretrained(directory, safe_serialization=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The same on every rank (replicas): policy, optimizer, scheduler, step count."""
+        return cpu_snapshot(
+            {
+                "policy": self.policy.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "optimizer_steps": self.optimizer_steps,
+            }
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load on every rank (each rank passes the same state, e.g. rank 0's); ``policy`` may be
+        left out when every rank was built from the same checkpoint's weights."""
+        if "policy" in state:
+            self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = state["optimizer_steps"]

@@ -1,0 +1,193 @@
+"""The fully sharded engine (torch FSDP2): ``fully_shard`` on every decoder layer, then on the
+root, so parameters, gradients and optimizer state are split over the ranks.
+
+- The optimizer is built *after* sharding (over the sharded ``DTensor`` parameters), so its state
+  is sharded too; the engine takes an optimizer factory for that reason.
+- Each micro-batch's backward reduce-scatters its gradients (averaging over ranks, hence the loss
+  is scaled by ``world_size``), so gradients stay sharded between micro-batches: the memory of a
+  sharded engine, paid for with one reduce-scatter per micro-batch instead of one per step.
+- Full weights (to publish, to checkpoint) are gathered with ``get_model_state_dict(...,
+  full_state_dict=True, cpu_offload=True)``: the whole model is materialised on rank 0's CPU
+  only; other ranks get an empty dict.
+- Tied embeddings (``lm_head.weight`` is ``embed_tokens.weight``) stay one parameter: neither the
+  embedding nor the head is sharded on its own; both belong to the root's group.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from zbrl.algorithms.aggregation import Normalisers
+from zbrl.training import distributed
+from zbrl.training.engine.ddp import OptimizerFactory
+from zbrl.training.engine.single import cpu_snapshot
+
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+"""Gather to full tensors on rank 0's CPU; other ranks get nothing."""
+LOAD_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+"""Load a full state given on rank 0; the engine shards it to every rank."""
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: modules whose class transformers lists in
+    ``_no_split_modules`` (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ...)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"training.engine=fsdp2 found no decoder layers in {type(model).__name__} (it shards "
+            "the classes named in the model's _no_split_modules); use training.engine=ddp"
+        )
+    return layers
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool) -> None:
+    """``fully_shard`` each decoder layer, then the root (in place)."""
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+class Fsdp2Engine:
+    """:class:`~zbrl.training.engine.base.Engine` over FSDP2 in an initialised process group.
+
+    ``policy`` (and ``reference``, sharded the same way, forward only) must be on ``device``.
+    :meth:`state_dict` / :meth:`load_state_dict` are collectives and use *full* states on rank 0
+    (independent of the number of ranks; see their docstrings).
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        optimizer_factory: OptimizerFactory,
+        *,
+        reference: torch.nn.Module | None = None,
+        device: torch.device | str = "cpu",
+        reshard_after_forward: bool = True,
+    ) -> None:
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.device = torch.device(device)
+        shard_model(policy, self.device, reshard_after_forward)
+        if reference is not None:
+            shard_model(reference, self.device, reshard_after_forward)
+        self.policy = policy
+        self.reference = reference
+        self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
+        self.optimizer_steps = 0
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    def zero_grad(self) -> None:
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def microbatch(self, last: bool) -> AbstractContextManager[Any]:
+        return nullcontext()  # every micro-batch reduce-scatters (see the module docstring)
+
+    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
+        return self.policy(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+    def reference_logits(
+        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
+    ) -> torch.Tensor:
+        if self.reference is None:
+            raise ValueError("this engine has no reference model (algorithm.beta is 0)")
+        with torch.no_grad():
+            return self.reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.world_size).backward()
+
+    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
+        return distributed.reduce_normalisers(norm, self.device)
+
+    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
+        return distributed.all_reduce_floats(values, op, self.device)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def clip_and_step(self, max_norm: float) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()  # the norm over every shard
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return float(total)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: full CPU weights on rank 0, ``{}`` elsewhere."""
+        state = get_model_state_dict(self.policy, options=FULL_ON_RANK0)
+        return state if self.rank == 0 else {}
+
+    def save_pretrained(self, directory: Path) -> None:
+        """Collective: gathers to rank 0, which writes ``directory``."""
+        state = self.full_state_dict()
+        if self.rank == 0:
+            save_full_state(self.policy, state, directory)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective. On rank 0: the full policy weights and the full optimizer state (both on
+        CPU, keyed by parameter name, so they load into any number of ranks), the scheduler
+        state and the step count; on other ranks the same keys with empty ``policy`` and
+        ``optimizer``. Save rank 0's."""
+        policy = get_model_state_dict(self.policy, options=FULL_ON_RANK0)
+        optim = get_optimizer_state_dict(self.policy, self.optimizer, options=FULL_ON_RANK0)
+        # a snapshot: the gathered optimizer state still shares small tensors (Adam's ``step``)
+        # with the live optimizer, which later steps increment in place
+        return cpu_snapshot(
+            {
+                "policy": policy if self.rank == 0 else {},
+                "optimizer": optim if self.rank == 0 else {},
+                "scheduler": self.scheduler.state_dict(),
+                "optimizer_steps": self.optimizer_steps,
+            }
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Collective: every rank calls it; only rank 0's ``policy`` and ``optimizer`` are read
+        (broadcast and sharded), so other ranks may pass :meth:`state_dict`'s empty ones.
+        ``policy`` may be left out (on every rank) when the engine was built from the same
+        checkpoint's weights."""
+        if "policy" in state:
+            set_model_state_dict(self.policy, state["policy"], options=LOAD_FROM_RANK0)
+        set_optimizer_state_dict(
+            self.policy, self.optimizer, state["optimizer"], options=LOAD_FROM_RANK0
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = state["optimizer_steps"]
+
+
+def save_full_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path
+) -> None:
+    """Write gathered weights in the ``from_pretrained`` layout with the model's config (the
+    original architecture name, not FSDP's wrapper class)."""
+    config = model.config
+    architectures = config.architectures
+    model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+    if architectures:
+        config.architectures = architectures
+        config.save_pretrained(directory)
