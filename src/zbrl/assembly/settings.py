@@ -7,11 +7,13 @@ from typing import Any
 
 from zbrl.algorithms.policy_loss import LossConfig
 from zbrl.config import ImportAdvantage, PpoClipLoss, RunConfig
+from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.producer import ProducerSettings
 from zbrl.training.consumer import ConsumerSettings
 from zbrl.training.train_step import StepSettings
 from zbrl.transport.buffer import BufferSettings
+from zbrl.transport.weight_sync.broadcast import BroadcastSettings
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
@@ -122,4 +124,34 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         norm_tokens=float(cfg.rollout.generation.max_new_tokens),
         logprob_chunk_size=cfg.training.logprob_chunk_size,
         pad_id=pad_id,
+    )
+
+
+def weight_sync_backend(cfg: RunConfig) -> str:
+    """The collective backend of broadcast weight sync (``auto``: nccl when consumers have
+    GPUs, gloo otherwise); ``none`` for the object store."""
+    sync = cfg.transport.weight_sync
+    if not isinstance(sync, BroadcastSync):
+        return "none"
+    if sync.backend != "auto":
+        return sync.backend
+    return "nccl" if cfg.launch.consumer_num_gpus > 0 else "gloo"
+
+
+def broadcast_settings(cfg: RunConfig, node_address: str) -> BroadcastSettings | None:
+    """Settings of broadcast weight sync (None for the object store); ``node_address`` is the
+    address of the node this worker runs on, the sender's default rendezvous address."""
+    sync = cfg.transport.weight_sync
+    if not isinstance(sync, BroadcastSync):
+        return None
+    backend = weight_sync_backend(cfg)
+    assert backend in ("gloo", "nccl")
+    return BroadcastSettings(
+        bucket_bytes=max(1, int(sync.bucket_mb * 2**20)),
+        backend=backend,
+        master_addr=sync.master_addr or node_address,
+        master_port=sync.master_port,
+        join_timeout_s=sync.join_timeout_s,
+        op_timeout_s=sync.op_timeout_s,
+        keepalive_s=min(5.0, sync.op_timeout_s / 4),
     )

@@ -16,8 +16,31 @@ class ObjectStoreSync(Section):
     """Weight-sync discriminator."""
 
 
-WeightSyncConfig = Annotated[ObjectStoreSync, Field(discriminator="type")]
-"""A union of one today; a torch.distributed broadcast implementation will join it."""
+class BroadcastSync(Section):
+    """Weights travel over a torch.distributed group of their own (consumer rank 0 sends, every
+    producer and the evaluator receive), flattened into buckets; see docs/scaling.md."""
+
+    type: Literal["broadcast"] = "broadcast"
+    """Weight-sync discriminator."""
+    bucket_mb: float = Field(default=64.0, gt=0)
+    """Size of one broadcast bucket in MiB (a version is sent as a flat byte stream in buckets
+    of this size; larger buckets mean fewer collective calls, more memory per call on GPU)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend: ``auto`` is nccl when the consumers have GPUs, gloo otherwise."""
+    master_addr: str | None = None
+    """Address the sender listens on for the group's rendezvous; None: the consumer's node
+    address (127.0.0.1 in a local run). Producers and the evaluator must reach it."""
+    master_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the rendezvous; 0 picks a free port for each group (re)formation. A fixed port
+    is only free again after the previous group closed, so use it only to satisfy a firewall."""
+    join_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for every member to join a (re)formed group."""
+    op_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds a single bucket broadcast may take before the group is declared broken."""
+
+
+WeightSyncConfig = Annotated[ObjectStoreSync | BroadcastSync, Field(discriminator="type")]
+"""How new weights reach the producers and the evaluator."""
 
 
 class TransportConfig(Section):

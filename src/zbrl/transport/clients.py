@@ -73,6 +73,25 @@ class WeightStoreClient:
     def latest_version(self) -> int:
         return self.handle.call(WeightStore.latest_version)
 
+    # broadcast group membership
+    def request_join(self, member: str) -> int:
+        return self.handle.call(WeightStore.request_join, member)
+
+    def leave(self, member: str) -> None:
+        self.handle.call(WeightStore.leave, member)
+
+    def drop_member(self, member: str, seq: int) -> None:
+        self.handle.call(WeightStore.drop_member, member, seq)
+
+    def join_requests(self) -> dict[str, int]:
+        return self.handle.call(WeightStore.join_requests)
+
+    def set_group(self, group: Any) -> None:
+        self.handle.call(WeightStore.set_group, group)
+
+    def wait_for_group(self, have_epoch: int, timeout: float) -> Any:
+        return self.handle.call(WeightStore.wait_for_group, have_epoch, timeout)
+
     def put_payload(self, value: Any) -> Any:
         """Store ``value`` (a state dict) in the object store; returns what to announce."""
         return self.handle.put_object(value)

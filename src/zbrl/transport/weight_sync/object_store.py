@@ -35,6 +35,9 @@ class WeightStore:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._latest: WeightsMessage | None = None
+        self._wanted: dict[str, int] = {}  # broadcast group: member -> its latest join request
+        self._join_seq = 0
+        self._group: Any = None
 
     def put(self, message: WeightsMessage) -> bool:
         """Announce ``message``; False (and ignored) when it is not newer than the latest."""
@@ -65,6 +68,49 @@ class WeightStore:
     def latest(self) -> WeightsMessage | None:
         with self._lock:
             return self._latest
+
+    # group membership of broadcast weight sync (zbrl.transport.weight_sync.broadcast)
+    def request_join(self, member: str) -> int:
+        """``member`` wants to be in the broadcast group (again); returns its request number."""
+        with self._lock:
+            self._join_seq += 1
+            self._wanted[member] = self._join_seq
+            self._lock.notify_all()
+            return self._join_seq
+
+    def leave(self, member: str) -> None:
+        with self._lock:
+            self._wanted.pop(member, None)
+            self._lock.notify_all()
+
+    def drop_member(self, member: str, seq: int) -> None:
+        """Forget ``member``'s request ``seq`` (it did not come to a group); a newer request of
+        the same member (a restart) stays."""
+        with self._lock:
+            if self._wanted.get(member) == seq:
+                del self._wanted[member]
+                self._lock.notify_all()
+
+    def join_requests(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._wanted)
+
+    def set_group(self, group: Any) -> None:
+        """Announce a newly formed broadcast group (a ``GroupInfo``)."""
+        with self._lock:
+            self._group = group
+            self._lock.notify_all()
+
+    def wait_for_group(self, have_epoch: int, timeout: float) -> Any:
+        """The group info once its epoch is newer than ``have_epoch`` (None on timeout)."""
+        with self._lock:
+            self._lock.wait_for(
+                lambda: self._group is not None and self._group.epoch > have_epoch,
+                timeout=timeout,
+            )
+            if self._group is not None and self._group.epoch > have_epoch:
+                return self._group
+            return None
 
 
 def cpu_copy(named_tensors: NamedTensors) -> dict[str, torch.Tensor]:
