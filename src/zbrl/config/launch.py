@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from zbrl.config.base import Section
@@ -26,7 +28,8 @@ class LaunchConfig(Section):
     num_consumers: int = Field(default=1, ge=1)
     """Training consumers."""
     ray_address: str | None = None
-    """Address of an existing Ray cluster; None starts a local one on loopback."""
+    """Address of an existing Ray cluster (``HOST:PORT`` of its head, as ``ray start --head``
+    prints it); None starts a local one on loopback. See docs/scaling.md."""
     producer_num_cpus: float = Field(default=1.0, gt=0)
     """CPUs reserved per producer."""
     consumer_num_cpus: float = Field(default=1.0, gt=0)
@@ -35,6 +38,12 @@ class LaunchConfig(Section):
     """GPUs per producer (0 on CPU-only machines)."""
     consumer_num_gpus: float = Field(default=0.0, ge=0)
     """GPUs per consumer (0 on CPU-only machines)."""
+    placement: Literal["pack", "spread"] = "pack"
+    """How producers are placed on the cluster's nodes: ``pack`` fills as few nodes as possible,
+    ``spread`` puts them on as many as possible. Consumers are always packed together (their
+    training group talks most)."""
+    placement_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for the cluster to grant the workers' resources before failing."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)

@@ -18,6 +18,7 @@ from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.placement import Placement, reserve
 from zbrl.launch.ray_setup import init_ray
 from zbrl.launch.run_dir import claim_run_dir
 from zbrl.telemetry.idle import percentile
@@ -42,6 +43,8 @@ class Workers:
     consumers: list[Any]
     evaluator: Any | None
     names: dict[Any, str] = field(default_factory=dict)
+    placement: Placement | None = None
+    where: list[dict[str, Any]] = field(default_factory=list)  # summary.json "workers"
 
     def all(self) -> list[Any]:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
@@ -71,6 +74,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     try:
         workers = create_workers(cfg, artifacts, run_dir, train_prompts, eval_sets, total_steps)
         wait_until_ready(cfg, workers)
+        record_placement(cfg, workers, run_dir)
         monitor = RunMonitor(cfg, run_dir, HubClient(RayHandle(workers.hub)), total_steps)
         try:
             return execute(cfg, workers, monitor, run_dir)
@@ -142,24 +146,22 @@ def create_workers(
     la = cfg.launch
     data = cfg.model_dump(mode="json")
     model_dir, tok_dir = str(artifacts.model_dir), str(artifacts.tokenizer_dir)
+    place = reserve(cfg)  # placement groups first: a cluster that is too small fails here
     concurrency = 4 * (la.num_producers + la.num_consumers) + 8
-    buffer = (
-        ray.remote(RolloutBuffer)
-        .options(num_cpus=0, max_concurrency=concurrency, name=None)
-        .remote(buffer_settings(cfg))
-    )
-    store = ray.remote(WeightStore).options(num_cpus=0, max_concurrency=concurrency).remote()
-    hub = ray.remote(TelemetryHub).options(num_cpus=0, max_concurrency=concurrency).remote()
+    shared = {**place.shared_options(), "max_concurrency": concurrency}
+    buffer = ray.remote(RolloutBuffer).options(**shared).remote(buffer_settings(cfg))
+    store = ray.remote(WeightStore).options(**shared).remote()
+    hub = ray.remote(TelemetryHub).options(**shared).remote()
     prompts_ref = ray.put(train_prompts)
     producers = [
         ray.remote(ProducerWorker)
-        .options(num_cpus=la.producer_num_cpus, num_gpus=la.producer_num_gpus)
+        .options(**place.producer_options(i))
         .remote(data, i, model_dir, tok_dir, prompts_ref, buffer, store, hub)
         for i in range(la.num_producers)
     ]
     consumers = [
         ray.remote(ConsumerWorker)
-        .options(num_cpus=la.consumer_num_cpus, num_gpus=la.consumer_num_gpus)
+        .options(**place.consumer_options(i))
         .remote(data, i, model_dir, tok_dir, str(run_dir), total_steps, buffer, store, hub)
         for i in range(la.num_consumers)
     ]
@@ -167,10 +169,10 @@ def create_workers(
     if eval_sets:
         evaluator = (
             ray.remote(EvaluatorWorker)
-            .options(num_cpus=0, num_gpus=0)
+            .options(**place.evaluator_options())
             .remote(data, model_dir, tok_dir, eval_sets, str(run_dir), store, hub)
         )
-    workers = Workers(buffer, store, hub, producers, consumers, evaluator)
+    workers = Workers(buffer, store, hub, producers, consumers, evaluator, placement=place)
     workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
     workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
     if evaluator is not None:
@@ -182,6 +184,30 @@ def wait_until_ready(cfg: RunConfig, workers: Workers, timeout_s: float = 900.0)
     """Block until every worker finished building its state (models loaded), or fail clearly."""
     refs = {a.__ray_ready__.remote(): name for a, name in workers.names.items()}
     _wait_all(refs, timeout_s, what="start-up")
+
+
+WORKERS_FILE = "workers.json"
+
+
+def record_placement(cfg: RunConfig, workers: Workers, run_dir: Path) -> None:
+    """Ask every worker where it runs; kept for summary.json and written to RUN_DIR/workers.json
+    at once (so a running run shows where everything is)."""
+    la = cfg.launch
+    eval_gpus = workers.placement.evaluator_options()["num_gpus"] if workers.placement else 0
+    resources = {
+        "producer": (la.producer_num_cpus, la.producer_num_gpus),
+        "consumer": (la.consumer_num_cpus, la.consumer_num_gpus),
+        "evaluator": (0.0, float(eval_gpus)),
+    }
+    refs = {a.placement.remote(): name for a, name in workers.names.items()}
+    where = []
+    for ref, name in refs.items():
+        role = name.split("-")[0]
+        cpus, gpus = resources[role]
+        info = _get(ref, name, timeout=60)
+        where.append({"name": name, "role": role, **info, "num_cpus": cpus, "num_gpus": gpus})
+    workers.where = sorted(where, key=lambda w: w["name"])
+    (run_dir / WORKERS_FILE).write_text(json.dumps(workers.where, indent=2) + "\n")
 
 
 def execute(cfg: RunConfig, workers: Workers, monitor: RunMonitor, run_dir: Path) -> dict:
@@ -225,6 +251,7 @@ def execute(cfg: RunConfig, workers: Workers, monitor: RunMonitor, run_dir: Path
     monitor.poll()
     buffer_stats = BufferClient(RayHandle(workers.buffer)).snapshot()
     summary = build_summary(monitor, results, buffer_stats, start, end, steps, initial, final)
+    summary["workers"] = workers.where
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     print(render_report(run_dir), flush=True)
     return summary
@@ -279,6 +306,8 @@ def shutdown(workers: Workers | None, started_ray: bool) -> None:
         for actor in workers.all():
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
+        if workers.placement is not None:
+            workers.placement.remove()
     if started_ray:
         ray.shutdown()
 

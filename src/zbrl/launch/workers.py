@@ -11,8 +11,14 @@ import torch
 
 from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer, quiet_transformers
 from zbrl.assembly.rewards import build_reward_fn
-from zbrl.assembly.settings import consumer_settings, eval_sampling_params, producer_settings
+from zbrl.assembly.settings import (
+    broadcast_settings,
+    consumer_settings,
+    eval_sampling_params,
+    producer_settings,
+)
 from zbrl.config import RunConfig
+from zbrl.launch.placement import describe_process, node_address
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import RayHandle
@@ -91,6 +97,8 @@ class ProducerWorker:
             WeightStoreClient(RayHandle(store)),
             self.recorder,
             initial_version=0,
+            member=f"producer-{index}",
+            broadcast=broadcast_settings(cfg, node_address()),
         )
         self.producer = Producer(
             producer_settings(cfg, index),
@@ -101,6 +109,10 @@ class ProducerWorker:
             self.receiver,
             self.recorder,
         )
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return describe_process()
 
     def run(self):
         return _run_role(self.producer.run, self.receiver.close, self.recorder, self.hub)
@@ -130,7 +142,10 @@ class ConsumerWorker:
         tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
         trainer = build_trainer(cfg, Path(model_dir), tokenizer, total_steps)
         self.publisher = build_publisher(
-            cfg.transport.weight_sync, WeightStoreClient(RayHandle(store)), self.recorder
+            cfg.transport.weight_sync,
+            WeightStoreClient(RayHandle(store)),
+            self.recorder,
+            broadcast=broadcast_settings(cfg, node_address()),
         )
         self.consumer = Consumer(
             consumer_settings(cfg, run_dir),
@@ -142,6 +157,10 @@ class ConsumerWorker:
             on_step=self.hub.add_metrics,
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
         )
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return describe_process()
 
     def run(self):
         return _run_role(self.consumer.run, self.publisher.close, self.recorder, self.hub)
@@ -173,6 +192,8 @@ class EvaluatorWorker:
             WeightStoreClient(RayHandle(store)),
             self.recorder,
             initial_version=0,
+            member="evaluator",
+            broadcast=broadcast_settings(cfg, node_address()),
         )
         self.evaluator = Evaluator(
             backend,
@@ -195,6 +216,10 @@ class EvaluatorWorker:
             results = self.evaluator.run(step)
         self.hub.add_spans(self.recorder.drain())
         return results
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return describe_process()
 
     def close(self) -> None:
         self.receiver.close()
