@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import torch
 
+from zbrl.testing.procs import is_loopback, listeners_of
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.broadcast import (
@@ -17,8 +21,7 @@ from zbrl.transport.weight_sync.object_store import WeightStore
 SETTINGS = BroadcastSettings(
     bucket_bytes=4096,  # several buckets per version, one tensor split across buckets
     backend="gloo",
-    master_addr="127.0.0.1",
-    master_port=0,
+    address="127.0.0.1",
     join_timeout_s=20.0,
     op_timeout_s=30.0,
     keepalive_s=0.5,
@@ -114,3 +117,34 @@ def test_a_restarted_receiver_of_the_same_name_rejoins():
         pub.close()
         if again is not None:
             again.close()
+
+
+def test_a_member_that_never_comes_is_dropped_and_the_rest_get_weights():
+    store = WeightStoreClient(LocalHandle(WeightStore()))
+    store.request_join("producer-9")  # asked to join, then died before it came
+    short = dataclasses.replace(SETTINGS, join_timeout_s=1.0)
+    a = BroadcastReceiver(store, short, "producer-0", initial_version=0)
+    pub = BroadcastPublisher(store, short)
+    try:
+        pub.publish(1, _weights(1))
+        _same(_loaded(a, 1), _weights(1))
+        assert "producer-9" not in store.join_requests()
+    finally:
+        pub.close()
+        a.close()
+
+
+def test_the_group_listens_on_loopback_only():
+    store = WeightStoreClient(LocalHandle(WeightStore()))
+    a = BroadcastReceiver(store, SETTINGS, "producer-0", initial_version=0)
+    pub = BroadcastPublisher(store, SETTINGS)
+    try:
+        before = listeners_of(os.getpid())
+        pub.publish(1, _weights(1))
+        _loaded(a, 1)
+        opened = listeners_of(os.getpid()) - before
+        assert opened, "the group opened no listening socket"
+        assert all(is_loopback(address) for _, address, _ in opened), opened
+    finally:
+        pub.close()
+        a.close()

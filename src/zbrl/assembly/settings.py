@@ -149,8 +149,7 @@ def broadcast_settings(cfg: RunConfig, node_address: str) -> BroadcastSettings |
     return BroadcastSettings(
         bucket_bytes=max(1, int(sync.bucket_mb * 2**20)),
         backend=backend,
-        master_addr=sync.master_addr or node_address,
-        master_port=sync.master_port,
+        address=sync.address or node_address,
         join_timeout_s=sync.join_timeout_s,
         op_timeout_s=sync.op_timeout_s,
         keepalive_s=min(5.0, sync.op_timeout_s / 4),

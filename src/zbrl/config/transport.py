@@ -27,12 +27,10 @@ class BroadcastSync(Section):
     of this size; larger buckets mean fewer collective calls, more memory per call on GPU)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: ``auto`` is nccl when the consumers have GPUs, gloo otherwise."""
-    master_addr: str | None = None
-    """Address the sender listens on for the group's rendezvous; None: the consumer's node
-    address (127.0.0.1 in a local run). Producers and the evaluator must reach it."""
-    master_port: int = Field(default=0, ge=0, le=65535)
-    """Port of the rendezvous; 0 picks a free port for each group (re)formation. A fixed port
-    is only free again after the previous group closed, so use it only to satisfy a firewall."""
+    address: str | None = None
+    """Address the sender (consumer rank 0) listens on for the group; None: its node's Ray
+    address (127.0.0.1 in a local run). Producers and the evaluator must reach it. The group's
+    rendezvous goes through the run's WeightStore actor, so no fixed port is needed."""
     join_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds to wait for every member to join a (re)formed group."""
     op_timeout_s: float = Field(default=300.0, gt=0)

@@ -92,6 +92,24 @@ class WeightStoreClient:
     def wait_for_group(self, have_epoch: int, timeout: float) -> Any:
         return self.handle.call(WeightStore.wait_for_group, have_epoch, timeout)
 
+    def kv_set(self, key: str, value: bytes) -> None:
+        self.handle.call(WeightStore.kv_set, key, value)
+
+    def kv_get(self, key: str, timeout: float) -> bytes | None:
+        return self.handle.call(WeightStore.kv_get, key, timeout, timeout=timeout + 60)
+
+    def kv_add(self, key: str, amount: int) -> int:
+        return self.handle.call(WeightStore.kv_add, key, amount)
+
+    def kv_check(self, keys: list[str]) -> bool:
+        return self.handle.call(WeightStore.kv_check, keys)
+
+    def kv_delete(self, key: str) -> bool:
+        return self.handle.call(WeightStore.kv_delete, key)
+
+    def kv_clear(self, prefix: str) -> None:
+        self.handle.call(WeightStore.kv_clear, prefix)
+
     def put_payload(self, value: Any) -> Any:
         """Store ``value`` (a state dict) in the object store; returns what to announce."""
         return self.handle.put_object(value)

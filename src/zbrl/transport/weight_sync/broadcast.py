@@ -5,18 +5,21 @@ collective broadcasts (gloo on CPU, NCCL on GPU).
 Design
 ------
 *The group is separate from training.* It is built from ``torch.distributed`` process-group
-objects directly (a ``TCPStore`` and a ``ProcessGroupGloo`` / ``ProcessGroupNCCL``), never through
-``init_process_group``, so it neither uses nor disturbs the default group that data-parallel
-consumers train in. Rank 0 is the sender (the consumer of training rank 0); ranks 1.. are the
-receivers, in the order of their names.
+objects directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` on a key-value store of its own),
+never through ``init_process_group``, so it neither uses nor disturbs the default group that
+data-parallel consumers train in. Rank 0 is the sender (the consumer of training rank 0); ranks
+1.. are the receivers, in the order of their names. The sender's endpoint listens on
+``transport.weight_sync.address`` (default: its node's Ray address, 127.0.0.1 in a local run);
+each receiver's on the local address that routes to it.
 
 *Membership is coordinated by the run's WeightStore actor* (the same actor that announces
 versions for the object store). A receiver asks to join with ``request_join(name)`` and gets a
 request number; the sender polls the requests (every ``POLL_S``) and, whenever they differ from the
-members of its current group, ends that group (an *epoch*) and forms a new one: it opens a fresh
-``TCPStore`` rendezvous, announces ``GroupInfo`` (epoch, address, port, members, the tensor layout)
-through the WeightStore, waits until every member has checked in on the rendezvous, and builds the
-process group. Members that do not check in within ``join_timeout_s`` are dropped (their request
+members of its current group, ends that group (an *epoch*) and forms a new one: it announces
+``GroupInfo`` (epoch, the sender's address, members, the tensor layout) through the WeightStore,
+waits until every member has checked in, and builds the process group with the WeightStore as its
+c10d store (:class:`ActorStore`; unlike a ``TCPStore`` it opens no socket, which would listen on
+every interface). Members that do not check in within ``join_timeout_s`` are dropped (their request
 is forgotten, so a dead receiver cannot block the others), the rest re-form at once. A late or
 restarted producer therefore joins a running run by asking: the next epoch includes it, and the
 sender re-sends its newest version to the new group first, so a joiner always starts from the
@@ -82,8 +85,7 @@ class BroadcastSettings:
 
     bucket_bytes: int
     backend: Literal["gloo", "nccl"]
-    master_addr: str
-    master_port: int
+    address: str  # where the sender's gloo/NCCL endpoint listens
     join_timeout_s: float
     op_timeout_s: float
     keepalive_s: float
@@ -94,12 +96,62 @@ class GroupInfo:
     """One epoch of the broadcast group, as announced through the WeightStore."""
 
     epoch: int
-    addr: str
-    port: int
+    addr: str  # the sender's address
     members: tuple[str, ...]  # receivers; member i has rank i + 1
     seqs: tuple[int, ...]  # the join request each member is in this epoch for
     layout: Layout
     backend: str
+
+
+class ActorStore(dist.Store):
+    """A c10d key-value store kept in the WeightStore actor: the rendezvous of one epoch's
+    process group. It has no socket of its own (a ``TCPStore`` listens on every interface), so
+    a local run stays on loopback; keys live under ``prefix`` (the epoch) and go with it.
+
+    Keep a Python reference to it as long as the process group lives: the group calls back into
+    this object, and without the reference the Python half is collected ("Not implemented")."""
+
+    def __init__(self, client: WeightStoreClient, prefix: str, timeout_s: float) -> None:
+        super().__init__()
+        self._client = client
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+
+    def set(self, key: str, value: Any) -> None:
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        self._client.kv_set(self._prefix + key, data)
+
+    def get(self, key: str) -> bytes:
+        value = self._client.kv_get(self._prefix + key, self._timeout_s)
+        if value is None:
+            raise TimeoutError(f"rendezvous key {self._prefix + key!r}: none in {self._timeout_s}s")
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        return self._client.kv_add(self._prefix + key, amount)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._client.kv_check([self._prefix + k for k in keys])
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        for key in keys:
+            self.get(key)
+
+    def delete_key(self, key: str) -> bool:
+        return self._client.kv_delete(self._prefix + key)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(k) for k in keys]
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
+    def has_extended_api(self) -> bool:
+        return False
+
+    def clone(self) -> ActorStore:
+        return ActorStore(self._client, self._prefix, self._timeout_s)
 
 
 def route_address(target: str) -> str:
@@ -128,8 +180,8 @@ def make_process_group(
 class Collective:
     """A process group and the broadcasts of this module over it (root: rank 0)."""
 
-    def __init__(self, tcp: Any, pg: Any, backend: str, rank: int) -> None:
-        self.tcp = tcp  # kept alive as long as the group
+    def __init__(self, store: ActorStore, pg: Any, backend: str, rank: int) -> None:
+        self.store = store  # kept alive as long as the group (see ActorStore)
         self.pg = pg
         self.backend = backend
         self.rank = rank
@@ -159,7 +211,6 @@ class Collective:
         with contextlib.suppress(Exception):
             self.pg.shutdown()  # gloo/nccl: release sockets and threads now
         self.pg = None
-        self.tcp = None
 
 
 @dataclass
@@ -325,48 +376,29 @@ class BroadcastPublisher:
         """A new epoch with the members of ``wanted``; None when some did not check in (they
         are dropped from the requests)."""
         s = self._s
+        self._store.kv_clear(f"e{self._epoch}/")  # the previous epoch's rendezvous
         self._epoch += 1
+        prefix = f"e{self._epoch}/"
         members = tuple(sorted(wanted))
-        tcp = dist.TCPStore(
-            s.master_addr,
-            s.master_port,
-            len(members) + 1,
-            True,
-            timeout=datetime.timedelta(seconds=s.join_timeout_s),
-            wait_for_workers=False,
-        )
-        info = GroupInfo(
-            self._epoch,
-            s.master_addr,
-            tcp.port,
-            members,
-            tuple(wanted[m] for m in members),
-            layout,
-            s.backend,
-        )
+        seqs = tuple(wanted[m] for m in members)
+        info = GroupInfo(self._epoch, s.address, members, seqs, layout, s.backend)
         self._store.set_group(info)
         deadline = time.monotonic() + s.join_timeout_s
         missing = list(members)
         while missing and time.monotonic() < deadline:
-            missing = [m for m in missing if not tcp.check([f"joined/{m}"])]
+            missing = [m for m in missing if not self._store.kv_check([f"{prefix}joined/{m}"])]
             if missing:
                 time.sleep(0.02)
         if missing:
             for m in missing:
                 self._store.drop_member(m, wanted[m])
-            tcp.set("status", "abort")
+            self._store.kv_set(f"{prefix}status", b"abort")
             return None
-        tcp.set("status", "go")
-        pg = make_process_group(
-            s.backend,
-            dist.PrefixStore("pg", tcp),
-            0,
-            len(members) + 1,
-            s.op_timeout_s,
-            s.master_addr,
-        )
+        self._store.kv_set(f"{prefix}status", b"go")
+        kv = ActorStore(self._store, prefix + "pg/", s.join_timeout_s)
+        pg = make_process_group(s.backend, kv, 0, len(members) + 1, s.op_timeout_s, s.address)
         self.epochs_formed += 1
-        return Collective(tcp, pg, s.backend, 0), info
+        return Collective(kv, pg, s.backend, 0), info
 
 
 class BroadcastReceiver(ObjectStoreReceiver):
@@ -428,22 +460,15 @@ class BroadcastReceiver(ObjectStoreReceiver):
         s = self._s
         rank = info.members.index(self._member) + 1
         size = len(info.members) + 1
-        tcp = dist.TCPStore(
-            info.addr,
-            info.port,
-            size,
-            False,
-            timeout=datetime.timedelta(seconds=s.join_timeout_s),
-        )
-        tcp.set(f"joined/{self._member}", "1")
-        if tcp.get("status") != b"go":
+        prefix = f"e{info.epoch}/"
+        self._store.kv_set(f"{prefix}joined/{self._member}", b"1")
+        if self._store.kv_get(f"{prefix}status", s.join_timeout_s) != b"go":
             return None
+        kv = ActorStore(self._store, prefix + "pg/", s.join_timeout_s)
         local = route_address(info.addr)
-        pg = make_process_group(
-            info.backend, dist.PrefixStore("pg", tcp), rank, size, s.op_timeout_s, local
-        )
+        pg = make_process_group(info.backend, kv, rank, size, s.op_timeout_s, local)
         self.epochs_joined += 1
-        return Collective(tcp, pg, info.backend, rank)
+        return Collective(kv, pg, info.backend, rank)
 
     def _receive_epoch(self, group: Collective, layout: Layout) -> None:
         while not self._closed:

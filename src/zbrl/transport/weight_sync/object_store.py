@@ -38,6 +38,7 @@ class WeightStore:
         self._wanted: dict[str, int] = {}  # broadcast group: member -> its latest join request
         self._join_seq = 0
         self._group: Any = None
+        self._kv: dict[str, bytes] = {}  # the broadcast group's rendezvous (a c10d store)
 
     def put(self, message: WeightsMessage) -> bool:
         """Announce ``message``; False (and ignored) when it is not newer than the latest."""
@@ -100,6 +101,39 @@ class WeightStore:
         with self._lock:
             self._group = group
             self._lock.notify_all()
+
+    # key-value rendezvous of the broadcast group's process group (broadcast.ActorStore)
+    def kv_set(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._kv[key] = value
+            self._lock.notify_all()
+
+    def kv_get(self, key: str, timeout: float) -> bytes | None:
+        """The value of ``key`` once it is set (None after ``timeout`` seconds)."""
+        with self._lock:
+            self._lock.wait_for(lambda: key in self._kv, timeout=timeout)
+            return self._kv.get(key)
+
+    def kv_add(self, key: str, amount: int) -> int:
+        with self._lock:
+            value = int(self._kv.get(key, b"0")) + amount
+            self._kv[key] = str(value).encode()
+            self._lock.notify_all()
+            return value
+
+    def kv_check(self, keys: list[str]) -> bool:
+        with self._lock:
+            return all(k in self._kv for k in keys)
+
+    def kv_delete(self, key: str) -> bool:
+        with self._lock:
+            return self._kv.pop(key, None) is not None
+
+    def kv_clear(self, prefix: str) -> None:
+        """Forget every key under ``prefix`` (a finished epoch's rendezvous)."""
+        with self._lock:
+            for key in [k for k in self._kv if k.startswith(prefix)]:
+                del self._kv[key]
 
     def wait_for_group(self, have_epoch: int, timeout: float) -> Any:
         """The group info once its epoch is newer than ``have_epoch`` (None on timeout)."""
