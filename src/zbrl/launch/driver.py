@@ -19,6 +19,7 @@ from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.monitor import RunMonitor
 from zbrl.launch.placement import Placement, reserve
+from zbrl.launch.preflight import preflight
 from zbrl.launch.ray_setup import init_ray
 from zbrl.launch.run_dir import claim_run_dir
 from zbrl.telemetry.idle import percentile
@@ -59,6 +60,7 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
 
     quiet_transformers()
     check_reward(cfg)  # a reward that cannot be built fails here, before any file or worker
+    preflight(cfg)  # so does an unreachable address or a missing GPU
     with prepare_run_dir(cfg) as run_dir:
         print(f"[zbrl] run dir: {run_dir}", flush=True)
         summary = _train(cfg, run_dir)

@@ -162,6 +162,18 @@ def route_address(target: str) -> str:
         return s.getsockname()[0]
 
 
+def check_bindable(address: str) -> None:
+    """ValueError naming the setting when the sender cannot listen on ``address`` here."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError as exc:
+        raise ValueError(
+            f"transport.weight_sync.address={address!r} is not an address of the consumer's "
+            f"node ({exc}); unset it to use the node's Ray address"
+        ) from None
+
+
 def make_process_group(
     backend: str, store: Any, rank: int, size: int, timeout_s: float, local_addr: str
 ) -> Any:
@@ -231,6 +243,7 @@ class BroadcastPublisher:
         settings: BroadcastSettings,
         recorder: SpanRecorder | None = None,
     ) -> None:
+        check_bindable(settings.address)
         self._store = store
         self._s = settings
         self._recorder = recorder
