@@ -27,7 +27,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray is imported: loopback
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    import ray._private.utils
     from ray.cluster_utils import Cluster
+
+    # Cluster() records its address in /tmp/ray/ray_current_cluster, as `ray start` does; while
+    # that file names a cluster, a plain ray.init() by anyone on this machine joins it (or fails
+    # once it is gone). This test cluster is only reached by address: record nothing.
+    ray._private.utils.write_ray_address = lambda *args, **kwargs: None
 
     node = {"num_cpus": args.cpus, "node_ip_address": LOOPBACK, "include_dashboard": False}
     cluster = Cluster(
