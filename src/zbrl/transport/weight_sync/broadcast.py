@@ -63,7 +63,7 @@ import torch.distributed as dist
 
 from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
 from zbrl.transport.weight_sync.base import NamedTensors
-from zbrl.transport.weight_sync.buckets import Layout, flatten, plan_layout, unflatten
+from zbrl.transport.weight_sync.buckets import Layout, flatten_into, plan_layout, unflatten
 from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
 from zbrl.types import WeightsMessage
 
@@ -248,6 +248,7 @@ class BroadcastPublisher:
         self._s = settings
         self._recorder = recorder
         self._layout: Layout | None = None
+        self._spare: torch.Tensor | None = None  # a sent, superseded staging buffer to reuse
         self._cond = threading.Condition()
         self._pending: _Staged | None = None
         self._sent_version = -1
@@ -264,7 +265,12 @@ class BroadcastPublisher:
         layout = self._layout
         if layout is None or layout.signature() != plan_layout(named_tensors, 1).signature():
             layout = self._layout = plan_layout(named_tensors, self._s.bucket_bytes)
-        staged = _Staged(version, time.time(), flatten(named_tensors, layout), layout)
+        with self._cond:
+            spare, self._spare = self._spare, None
+        if spare is None or spare.numel() != layout.total_bytes:
+            spare = torch.empty(layout.total_bytes, dtype=torch.uint8)
+        flat = flatten_into(named_tensors, layout, spare)
+        staged = _Staged(version, time.time(), flat, layout)  # stamped when staged, as the store
         with self._cond:
             self._pending = staged
             self._cond.notify_all()
@@ -317,6 +323,9 @@ class BroadcastPublisher:
                 if closed:
                     return
                 if fresh is not None:
+                    if latest is not None and latest is not fresh:
+                        with self._cond:  # sent and superseded: publish may refill it
+                            self._spare = latest.flat
                     latest = fresh
                 wanted = self._store.join_requests()
                 stale = info is not None and (
