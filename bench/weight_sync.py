@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="bf16,f32", help="bf16, f32, comma-separated")
     p.add_argument("--receivers", type=int, default=2, help="receiving processes (producers)")
     p.add_argument("--repeats", type=int, default=5, help="timed versions per path")
-    p.add_argument("--bucket-mb", type=float, default=64.0, help="bucket size (MiB)")
+    p.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size (MiB)")
     p.add_argument("--paths", default=",".join(PATHS[1:]), help="comma-separated subset")
     p.add_argument("--out", default="weight_sync", help="prefix of the .csv and .png written")
     return p.parse_args(argv)

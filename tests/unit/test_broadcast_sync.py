@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+import time
 
 import torch
 
@@ -58,9 +60,9 @@ def test_layout_round_trip_keeps_every_byte():
 def _loaded(receiver: BroadcastReceiver, version: int) -> dict[str, torch.Tensor]:
     assert receiver.wait_for(version, timeout=60), f"version {version} never arrived"
     box: dict[str, torch.Tensor] = {}
-    assert receiver.receive_into(box.update)
+    assert receiver.receive_into(lambda state: box.update({k: v.clone() for k, v in state.items()}))
     assert receiver.loaded_version == version
-    return {k: v.clone() for k, v in box.items()}
+    return box
 
 
 def test_versions_reach_every_receiver_whole_and_a_late_joiner_gets_the_newest():
@@ -148,3 +150,39 @@ def test_the_group_listens_on_loopback_only():
     finally:
         pub.close()
         a.close()
+
+
+def test_a_slow_loader_never_sees_a_torn_version_while_buffers_are_reused():
+    store = WeightStoreClient(LocalHandle(WeightStore()))
+    receiver = BroadcastReceiver(store, SETTINGS, "producer-0", initial_version=0)
+    pub = BroadcastPublisher(store, SETTINGS)
+    shapes = {f"w{i}": (300,) for i in range(8)}  # 8 x 1200 bytes: a version spans 3 buckets
+    seen: list[float] = []
+
+    def slow_load(state: dict[str, torch.Tensor]) -> None:
+        values = set()
+        for tensor in state.values():
+            values.update(tensor.unique().tolist())
+            time.sleep(0.002)  # the receiver gets newer versions meanwhile
+        assert len(values) == 1, f"a torn version: {sorted(values)}"
+        seen.append(values.pop())
+
+    def publish_all() -> None:
+        for version in range(1, 61):
+            pub.publish(version, {k: torch.full(s, float(version)) for k, s in shapes.items()})
+            time.sleep(0.001)  # several versions arrive during one load
+
+    publisher = threading.Thread(target=publish_all)
+    try:
+        publisher.start()
+        while publisher.is_alive():
+            receiver.receive_into(slow_load)
+        publisher.join()
+        pub.flush(60)
+        assert receiver.wait_for(60, timeout=60)
+        receiver.receive_into(slow_load)
+    finally:
+        publisher.join()
+        pub.close()
+        receiver.close()
+    assert seen[-1] == 60.0 and seen == sorted(seen) and len(seen) >= 3

@@ -33,7 +33,24 @@ def test_auto_picks_nccl_for_gpu_consumers_and_then_producers_need_gpus_too():
 def test_a_local_run_keeps_the_broadcast_on_loopback():
     with pytest.raises(ValueError, match=r"transport.weight_sync.address='10.1.2.3'.*127.0.0.1"):
         _cfg("transport.weight_sync.type=broadcast", "transport.weight_sync.address=10.1.2.3")
-    assert _cfg("transport.weight_sync.type=broadcast").transport.weight_sync.bucket_mb > 0
+
+
+def test_the_bucket_follows_the_backend_unless_set():
+    from zbrl.assembly.settings import broadcast_settings
+
+    gloo = broadcast_settings(_cfg("transport.weight_sync.type=broadcast"), "127.0.0.1")
+    assert gloo.backend == "gloo" and gloo.bucket_bytes == 4 * 2**20
+    assert gloo.address == "127.0.0.1"
+    nccl = _cfg(
+        "transport.weight_sync.type=broadcast",
+        "launch.consumer_num_gpus=1",
+        "launch.producer_num_gpus=1",
+    )
+    assert broadcast_settings(nccl, "10.0.0.1").bucket_bytes == 64 * 2**20
+    assert broadcast_settings(nccl, "10.0.0.1").backend == "nccl"
+    sized = _cfg("transport.weight_sync.type=broadcast", "transport.weight_sync.bucket_mb=0.5")
+    assert broadcast_settings(sized, "127.0.0.1").bucket_bytes == 2**19
+    assert broadcast_settings(_cfg(), "127.0.0.1") is None
 
 
 def _closed_port() -> int:

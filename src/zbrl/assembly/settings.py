@@ -127,6 +127,12 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
     )
 
 
+GLOO_BUCKET_MB = 4.0
+"""Broadcast bucket with gloo when ``bucket_mb`` is unset (fastest of 1-512 MiB on loopback)."""
+NCCL_BUCKET_MB = 64.0
+"""Broadcast bucket with NCCL when ``bucket_mb`` is unset."""
+
+
 def weight_sync_backend(cfg: RunConfig) -> str:
     """The collective backend of broadcast weight sync (``auto``: nccl when consumers have
     GPUs, gloo otherwise); ``none`` for the object store."""
@@ -146,8 +152,10 @@ def broadcast_settings(cfg: RunConfig, node_address: str) -> BroadcastSettings |
         return None
     backend = weight_sync_backend(cfg)
     assert backend in ("gloo", "nccl")
+    default_mb = {"gloo": GLOO_BUCKET_MB, "nccl": NCCL_BUCKET_MB}[backend]
+    bucket_mb = sync.bucket_mb if sync.bucket_mb is not None else default_mb
     return BroadcastSettings(
-        bucket_bytes=max(1, int(sync.bucket_mb * 2**20)),
+        bucket_bytes=max(1, int(bucket_mb * 2**20)),
         backend=backend,
         address=sync.address or node_address,
         join_timeout_s=sync.join_timeout_s,

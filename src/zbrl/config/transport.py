@@ -22,9 +22,10 @@ class BroadcastSync(Section):
 
     type: Literal["broadcast"] = "broadcast"
     """Weight-sync discriminator."""
-    bucket_mb: float = Field(default=64.0, gt=0)
+    bucket_mb: float | None = Field(default=None, gt=0)
     """Size of one broadcast bucket in MiB (a version is sent as a flat byte stream in buckets
-    of this size; larger buckets mean fewer collective calls, more memory per call on GPU)."""
+    of this size); None: 4 with gloo (fastest on loopback, bench/weight_sync.py), 64 with NCCL
+    (each bucket passes through GPU memory; NCCL wants large messages)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: ``auto`` is nccl when the consumers have GPUs, gloo otherwise."""
     address: str | None = None

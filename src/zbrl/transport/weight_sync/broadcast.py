@@ -54,14 +54,14 @@ import datetime
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
 from zbrl.transport.weight_sync.base import NamedTensors
 from zbrl.transport.weight_sync.buckets import Layout, flatten_into, plan_layout, unflatten
 from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
@@ -426,7 +426,12 @@ class BroadcastPublisher:
 class BroadcastReceiver(ObjectStoreReceiver):
     """A producer's or the evaluator's side: joins the group under ``member`` and receives every
     version broadcast to it in a background thread; the caller swaps the newest one in with
-    ``receive_into`` (inherited: ``poll``, ``wait_for``, ``receive_into``, ``latencies_s``)."""
+    ``receive_into`` (inherited: ``poll``, ``wait_for``, ``latencies_s``).
+
+    Receive buffers are reused (a fresh buffer costs a page fault per page inside the receive,
+    which on loopback more than doubles the wire time, see docs/scaling.md): a buffer is received
+    into again only when it is neither the newest fetched version nor being loaded, so ``load``
+    must copy what it keeps (``load_weights`` of every backend does)."""
 
     def __init__(
         self,
@@ -440,7 +445,32 @@ class BroadcastReceiver(ObjectStoreReceiver):
         self._s = settings
         self._member = member
         self.epochs_joined = 0
+        self._free: list[torch.Tensor] = []  # buffers nobody reads: received into again
+        self._fetched_flat: torch.Tensor | None = None
+        self._loading_flat: torch.Tensor | None = None
         super().__init__(store, recorder, POLL_S, initial_version=initial_version)
+
+    def receive_into(self, load: Callable[[dict[str, torch.Tensor]], Any]) -> bool:
+        self._raise_if_failed()
+        with self._cond:
+            message, flat = self._fetched, self._fetched_flat
+            if message is None or message.version <= self._loaded_version:
+                return False
+            self._loading_flat = flat  # not received into while `load` reads it
+        start = time.time()
+        try:
+            load(message.payload)
+        finally:
+            with self._cond:
+                self._loading_flat = None
+                if flat is not self._fetched_flat:  # superseded while loading
+                    self._free.append(flat)
+        end = time.time()
+        self._loaded_version = message.version
+        self.latencies_s.append(end - message.published_at)
+        if self._recorder is not None:
+            self._recorder.record(LOAD_WEIGHTS, start, end, version=message.version)
+        return True
 
     def close(self) -> None:
         with self._cond:
@@ -501,9 +531,24 @@ class BroadcastReceiver(ObjectStoreReceiver):
             if kind == EPOCH_OVER:
                 return
             version, published_at = int(head[1]), float(head[2])
-            flat = torch.empty(layout.total_bytes, dtype=torch.uint8)
+            flat = self._take_buffer(layout.total_bytes)
             group.send_flat(flat, layout)  # receives on ranks > 0
             with self._cond:
                 if self._fetched is None or version > self._fetched.version:
+                    old = self._fetched_flat
                     self._fetched = WeightsMessage(version, published_at, unflatten(flat, layout))
+                    self._fetched_flat = flat
+                    if old is not None and old is not self._loading_flat:
+                        self._free.append(old)
                     self._cond.notify_all()
+                else:
+                    self._free.append(flat)
+
+    def _take_buffer(self, nbytes: int) -> torch.Tensor:
+        with self._cond:
+            while self._free:
+                buffer = self._free.pop()
+                if buffer.numel() == nbytes:
+                    self._free.clear()  # keep at most the one reused
+                    return buffer
+        return torch.empty(nbytes, dtype=torch.uint8)
