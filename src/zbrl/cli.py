@@ -1,4 +1,4 @@
-"""Command line: ``zbrl train|demo|eval|report|validate``."""
+"""Command line: ``zbrl train|resume|demo|eval|report|validate``."""
 
 from __future__ import annotations
 
@@ -27,10 +27,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
     if args.ray_address:
         cfg.launch.ray_address = args.ray_address
-    summary = run_training(cfg)
+    summary = run_training(cfg, sibling_if_used=args.command == "demo")
+    _print_finished(summary)
+    return 0
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from zbrl.launch.driver import run_training
+    from zbrl.launch.resume import plan_resume
+
+    cfg, checkpoint = plan_resume(Path(args.run_dir), args.overrides)
+    if args.ray_address:
+        cfg.launch.ray_address = args.ray_address
+    print(f"[zbrl] resuming from {checkpoint.path} (step {checkpoint.version})", flush=True)
+    _print_finished(run_training(cfg, resume=checkpoint))
+    return 0
+
+
+def _print_finished(summary: dict) -> None:
     steps, wall_s = summary["steps"], summary["wall_s"]
     print(f"run finished: {steps} steps in {wall_s:.1f}s -> {summary['run_dir']}")
-    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -51,6 +67,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return run_eval_command(args)
 
 
+def _plain_zbrl_warnings() -> None:
+    """zbrl's own warnings read as one ``warning: ...`` line, without a source location."""
+    import warnings
+
+    from zbrl.training.checkpoint import IncompleteCheckpointWarning
+
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if issubclass(category, IncompleteCheckpointWarning):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zbrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=1e-5")
     p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "resume",
+        help="continue a run from its newest complete checkpoint",
+        description="Continues with the run's saved config.yaml; overrides may change what "
+        "resume can honour (for example a higher training.max_steps).",
+    )
+    p.add_argument("run_dir", help="the run directory (holds config.yaml and checkpoints/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_steps=600")
+    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
+    p.set_defaults(func=_cmd_resume)
 
     p = sub.add_parser("demo", help="run the embedded CPU demo (recipes/demo.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides")
@@ -103,16 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     from zbrl.config import ConfigError
     from zbrl.data.dataset import DatasetError
     from zbrl.errors import RunError
+    from zbrl.launch.driver import RunInterrupted
+    from zbrl.launch.signals import Interrupted, exit_code
 
     args = build_parser().parse_args(argv)
+    _plain_zbrl_warnings()
     try:
         return args.func(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
     except (RunError, FileNotFoundError, DatasetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        print(f"interrupted by {exc}: stopped at once, nothing saved", file=sys.stderr)
+        return exit_code(exc.signum)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

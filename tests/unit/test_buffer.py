@@ -273,3 +273,76 @@ def test_loaded_buffer_differs_from_a_fresh_one():
     resumed.load_state(original.state())
     assert resumed.reserve(0, 5, timeout=0).tickets == original.reserve(0, 5, timeout=0).tickets
     assert fresh.reserve(0, 5, timeout=0).tickets != resumed.reserve(0, 5, timeout=0).tickets
+
+
+def simulate_with_deaths(seed, *, staleness, producers=3, batch=4, steps=30):
+    """Random interleaving in which producers also die: a dead producer's pending reservation is
+    reclaimed and it restarts from the resume point it last sent with a ``put`` (a count of the
+    prompts of its stream it has pushed). Returns (step, version, prompt) of every trained group."""
+    rng = random.Random(seed)
+    buf = RolloutBuffer(
+        buffer_settings(groups_per_step=batch, max_staleness=staleness, num_producers=producers)
+    )
+    taken = dict.fromkeys(range(producers), 0)  # prompts each producer took from its stream
+    inflight: dict[int, tuple] = {}  # producer -> (reservation, its prompts)
+    published, trained, deaths = 0, [], 0
+    while len({s for s, _, _ in trained}) < steps:
+        action, p = rng.random(), rng.randrange(producers)
+        if action < 0.3 and p not in inflight:
+            res = buf.reserve(p, rng.randint(1, 3), timeout=0)
+            if res is not None and res.tickets:
+                prompts = [(p, taken[p] + i) for i in range(len(res.tickets))]
+                taken[p] += len(res.tickets)
+                inflight[p] = (res, prompts)
+        elif action < 0.6 and p in inflight:
+            res, prompts = inflight.pop(p)
+            version = rng.randint(res.min_version, published)
+            groups = [make_group(t, version, producer=p) for t in res.tickets]
+            for g, prompt in zip(groups, prompts):
+                g.uid = f"{prompt[0]}:{prompt[1]}"
+            buf.put(groups, {"taken": taken[p]})
+        elif action < 0.68:  # the producer dies, whatever it was doing
+            deaths += 1
+            inflight.pop(p, None)
+            state = buf.reclaim(p)[p]
+            taken[p] = 0 if state is None else state["taken"]
+        else:
+            status, got = buf.take(batch, timeout=0)
+            if status == "batch":
+                trained += [(got.step, g.policy_version, g.uid) for g in got.groups]
+                published += 1
+                buf.advance_version(published)
+    assert deaths > 0
+    return trained
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_reclaimed_producers_lose_nothing_and_repeat_nothing(seed, staleness):
+    trained = simulate_with_deaths(seed, staleness=staleness)
+    assert max(step - version for step, version, _ in trained) <= staleness
+    uids = [uid for _, _, uid in trained]
+    assert len(uids) == len(set(uids)), "a prompt was trained twice"
+    for p in range(3):  # each producer's trained prompts: its stream's order, with no gap
+        mine = [int(u.split(":")[1]) for u in uids if u.startswith(f"{p}:")]
+        assert mine == list(range(len(mine)))
+
+
+def test_stop_keeps_what_is_buffered_and_turns_producers_away():
+    buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=1, num_producers=1))
+    res = buf.reserve(0, 4, timeout=0)
+    buf.put([make_group(t, 0) for t in res.tickets[:2]], {"taken": 2})
+    buf.request_stop()
+    assert buf.take(2, timeout=0) == ("stop", None)
+    assert buf.reserve(0, 1, timeout=0) is None
+    state = buf.state()
+    assert sorted(state["ready"]) == [0, 1] and state["pending"] == [2, 3]
+    assert state["owners"] == {2: 0, 3: 0} and state["producer_states"] == {0: {"taken": 2}}
+    resumed = RolloutBuffer(buf.settings)
+    resumed.load_state(state)
+    assert resumed.reclaim() == {0: {"taken": 2}}
+    assert resumed.stats.tickets_reissued == 2
+    status, batch = resumed.take(2, timeout=0)  # the pending tickets no longer block the head
+    assert status == "batch" and [g.ticket for g in batch.groups] == [0, 1]
+    # their admission is given back: (version 0 + 1 + 1) * 2 effective tickets, 2 started
+    assert resumed.reserve(0, 4, timeout=0).tickets == [4, 5]

@@ -42,6 +42,10 @@ class ScriptedBuffer:
     def snapshot(self):
         return {"sample_utilization": 0.75}
 
+    def state(self):
+        self.calls.append(("state",))
+        return {"scripted": len(self.script)}
+
     def called(self, name):
         return [c[1:] for c in self.calls if c[0] == name]
 
@@ -418,7 +422,8 @@ def test_consumer_state_round_trip_continues_exactly(tiny_model_dir, tmp_path, p
 
     def on_step(version, metrics):
         steps.append((version, metrics))
-        if version == 1:
+        if version == 1:  # the policy goes in HF format, the rest in the state
+            original.trainer.engine.save_pretrained(tmp_path / "weights-1")
             states.append(pickle.loads(pickle.dumps(original.state())))
 
     original, _ = consumer_for(
@@ -429,6 +434,7 @@ def test_consumer_state_round_trip_continues_exactly(tiny_model_dir, tmp_path, p
     )
     original.run()
     (state,) = states
+    assert "policy" not in state["engine"]
     assert {k: state[k] for k in ("version", "groups_trained", "samples_trained")} == {
         "version": 1,
         "groups_trained": 2,
@@ -437,7 +443,7 @@ def test_consumer_state_round_trip_continues_exactly(tiny_model_dir, tmp_path, p
 
     resumed_steps = []
     resumed, buffer = consumer_for(
-        make_trainer(tiny_model_dir),
+        make_trainer(tmp_path / "weights-1"),
         [second_batch()],
         "resumed",
         lambda v, m: resumed_steps.append((v, m)),

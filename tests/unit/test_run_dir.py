@@ -137,9 +137,13 @@ def test_the_driver_holds_the_run_dir_while_inside_and_writes_the_config(tmp_pat
     from zbrl.launch.driver import prepare_run_dir
 
     cfg = load_config(DEMO_RECIPE, [f"logging.run_dir={tmp_path / 'run'}"])
-    with prepare_run_dir(cfg) as run_dir:
+
+    def prepare():
+        return prepare_run_dir(cfg, resume=None, sibling_if_used=False)
+
+    with prepare() as run_dir:
         assert run_dir == tmp_path / "run" and (run_dir / "config.yaml").is_file()
-        with pytest.raises(RunDirInUse, match=re.escape(str(run_dir))), prepare_run_dir(cfg):
+        with pytest.raises(RunDirInUse, match=re.escape(str(run_dir))), prepare():
             pass
-    with prepare_run_dir(cfg) as second:  # released at the end; the finished one is kept
+    with prepare() as second:  # released at the end; the finished one is kept
         assert second != run_dir and (second / "config.yaml").is_file()

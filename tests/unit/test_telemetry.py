@@ -13,6 +13,7 @@ from zbrl.telemetry import (
     GENERATE,
     IDLE_SPANS,
     PUBLISH_WEIGHTS,
+    RESTART,
     TRAIN_STEP,
     WAIT_FOR_DATA,
     WAIT_FOR_WEIGHTS,
@@ -216,7 +217,7 @@ def test_idle_fractions_match_hand_computed_values():
         role_idle_frac(stats, "prodcer")
     with pytest.raises(ValueError, match="window"):
         worker_utilisation(spans, start=5.0, end=5.0)
-    assert {WAIT_FOR_DATA, WAIT_FOR_WEIGHTS} == IDLE_SPANS
+    assert {WAIT_FOR_DATA, WAIT_FOR_WEIGHTS, RESTART} == IDLE_SPANS
 
 
 def test_percentile_linear_interpolation():

@@ -55,9 +55,12 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     return TransformersBackend(load_policy(cfg, model_dir), tokenizer, device=device_of(cfg))
 
 
-def build_engine(cfg: RunConfig, model_dir: Path, total_steps: int):
-    """The training engine: the policy (and a frozen reference when ``beta > 0``), AdamW and the
-    LR schedule over ``total_steps`` train steps, on one process."""
+def build_engine(
+    cfg: RunConfig, model_dir: Path, total_steps: int, reference_dir: Path | None = None
+):
+    """The training engine: the policy from ``model_dir`` (and a frozen reference when
+    ``beta > 0``, from ``reference_dir``, by default the same), AdamW and the LR schedule over
+    ``total_steps`` train steps, on one process."""
     from zbrl.training.engine.single import SingleProcessEngine
     from zbrl.training.schedule import lr_factor
 
@@ -67,7 +70,7 @@ def build_engine(cfg: RunConfig, model_dir: Path, total_steps: int):
         policy.gradient_checkpointing_enable()
     reference = None
     if cfg.algorithm.beta > 0:
-        reference = load_policy(cfg, model_dir).to(device).eval()
+        reference = load_policy(cfg, reference_dir or model_dir).to(device).eval()
         reference.requires_grad_(False)
     a = cfg.algorithm
     optimizer = torch.optim.AdamW(
@@ -88,9 +91,12 @@ def build_engine(cfg: RunConfig, model_dir: Path, total_steps: int):
     return SingleProcessEngine(policy, optimizer, scheduler, reference=reference, device=device)
 
 
-def build_trainer(cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int):
+def build_trainer(
+    cfg: RunConfig, model_dir: Path, tokenizer, total_steps: int, reference_dir: Path | None = None
+):
     """The train step over the engine of :func:`build_engine`."""
     from zbrl.training.train_step import Trainer
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return Trainer(build_engine(cfg, model_dir, total_steps), step_settings(cfg, pad_id))
+    engine = build_engine(cfg, model_dir, total_steps, reference_dir)
+    return Trainer(engine, step_settings(cfg, pad_id))

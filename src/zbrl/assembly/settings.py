@@ -69,6 +69,10 @@ def buffer_settings(cfg: RunConfig) -> BufferSettings:
     )
 
 
+UID_LOG_FILE = "trained_uids.jsonl"
+"""One line per training step in the run dir: the uids trained and their policy versions."""
+
+
 def consumer_settings(cfg: RunConfig, run_dir: str | Path) -> ConsumerSettings:
     lg = cfg.logging
     return ConsumerSettings(
@@ -76,9 +80,11 @@ def consumer_settings(cfg: RunConfig, run_dir: str | Path) -> ConsumerSettings:
         max_steps=cfg.training.max_steps,
         checkpoint_dir=str(Path(run_dir) / "checkpoints"),
         save_interval=lg.save_interval,
+        save_keep=lg.save_keep,
         save_final=lg.save_final,
         log_rollout_interval=lg.log_rollout_interval,
         rollouts_per_log=lg.rollouts_per_log,
+        uid_log=str(Path(run_dir) / UID_LOG_FILE),
     )
 
 

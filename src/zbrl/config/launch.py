@@ -44,6 +44,9 @@ class LaunchConfig(Section):
     training group talks most)."""
     placement_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds to wait for the cluster to grant the workers' resources before failing."""
+    max_producer_restarts: int = Field(default=3, ge=0)
+    """Producers that die (their process is gone) are re-created this many times in all; the
+    next death ends the run, leaving a resumable checkpoint."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)

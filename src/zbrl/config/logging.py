@@ -14,10 +14,14 @@ class LoggingConfig(Section):
     """Output directory; ``{name}`` is replaced by the run name."""
     cache_dir: str = ".cache/zbrl"
     """Cache of built artefacts (embedded model, warm start)."""
-    save_interval: int = Field(default=0, ge=0)
-    """Save an HF checkpoint every N training steps (0: only at the end)."""
+    save_interval: int = Field(default=100, ge=0)
+    """Save a resumable checkpoint (HF weights + optimizer, RNG, buffer and sampler state) every
+    N training steps (0: only at the end and when interrupted)."""
+    save_keep: int = Field(default=3, ge=0)
+    """Keep the newest N checkpoints, deleting older ones (0 keeps all)."""
     save_final: bool = True
-    """Save an HF checkpoint at the end of the run."""
+    """Save a resumable checkpoint at the end of the run (one is always written when the run is
+    interrupted)."""
     log_rollout_interval: int = Field(default=20, ge=0)
     """Append decoded samples to rollouts.jsonl every N steps (0 disables)."""
     rollouts_per_log: int = Field(default=4, ge=1)

@@ -6,98 +6,121 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zbrl.assembly.artifacts import Artifacts, prepare_artifacts
 from zbrl.assembly.datasets import encode_prompts
-from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
+from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
-from zbrl.launch.placement import Placement, reserve
+from zbrl.launch.placement import record_placement
 from zbrl.launch.preflight import preflight
 from zbrl.launch.ray_setup import init_ray
-from zbrl.launch.run_dir import claim_run_dir
+from zbrl.launch.resume import truncate_logs
+from zbrl.launch.run_dir import claim_run_dir, lock_existing_run_dir
+from zbrl.launch.signals import StopSignals, exit_code
+from zbrl.launch.spawn import Spawner, StartPoint, Workers, create_workers
+from zbrl.launch.supervisor import Outcome, Supervisor
 from zbrl.telemetry.idle import percentile
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
+from zbrl.training.checkpoint import Checkpoint, find_latest, load_state
 from zbrl.transport.clients import BufferClient, HubClient
 from zbrl.transport.handles import RayHandle
 from zbrl.types import EncodedPrompt
 
-
-class RunFailed(RunError):
-    """A worker failed; the message names the worker and the cause."""
+__all__ = ["RunFailed", "RunInterrupted", "run_training"]
 
 
-@dataclass
-class Workers:
-    """Handles of every actor of a run."""
+class RunInterrupted(RunError):
+    """A signal stopped the run cleanly (or as cleanly as it could); the message says how to
+    resume. ``exit_code`` is the shell's 128 + signal number."""
 
-    buffer: Any
-    store: Any
-    hub: Any
-    producers: list[Any]
-    consumers: list[Any]
-    evaluator: Any | None
-    names: dict[Any, str] = field(default_factory=dict)
-    placement: Placement | None = None
-    where: list[dict[str, Any]] = field(default_factory=list)  # summary.json "workers"
-
-    def all(self) -> list[Any]:
-        out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
-        return out + ([self.evaluator] if self.evaluator is not None else [])
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
-def run_training(cfg: RunConfig) -> dict[str, Any]:
+def run_training(
+    cfg: RunConfig, resume: Checkpoint | None = None, sibling_if_used: bool = False
+) -> dict[str, Any]:
     """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json) and
-    ``run_dir``, the directory used (a fresh one when the configured one holds a finished run)."""
+    ``run_dir``, the directory used.
+
+    ``resume``: a checkpoint of ``cfg.run_dir`` to continue from (see :mod:`zbrl.launch.resume`).
+    Otherwise a run dir that holds checkpoints is refused (RunDirHasCheckpoints), unless
+    ``sibling_if_used``, which gives the run a fresh sibling (as for a finished run without
+    checkpoints). Raises RunInterrupted after a clean stop on SIGINT/SIGTERM, RunFailed when a
+    worker failed."""
     from zbrl.assembly.models import quiet_transformers
     from zbrl.assembly.rewards import check_reward
 
     quiet_transformers()
     check_reward(cfg)  # a reward that cannot be built fails here, before any file or worker
     preflight(cfg)  # so does an unreachable address or a missing GPU
-    with prepare_run_dir(cfg) as run_dir:
+    with prepare_run_dir(cfg, resume, sibling_if_used) as run_dir:
         print(f"[zbrl] run dir: {run_dir}", flush=True)
-        summary = _train(cfg, run_dir)
+        summary = _train(cfg, run_dir, resume)
     return {**summary, "run_dir": str(run_dir)}
 
 
-def _train(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+def _train(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None) -> dict[str, Any]:
     artifacts = prepare_artifacts(cfg)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts)
     total_steps = planned_steps(cfg, len(train_prompts))
+    start, buffer_state = start_point(artifacts, resume)
     started_ray = init_ray(cfg)
     workers: Workers | None = None
-    try:
-        workers = create_workers(cfg, artifacts, run_dir, train_prompts, eval_sets, total_steps)
-        wait_until_ready(cfg, workers)
-        record_placement(cfg, workers, run_dir)
-        monitor = RunMonitor(cfg, run_dir, HubClient(RayHandle(workers.hub)), total_steps)
+    with StopSignals() as signals:  # after ray.init, which installs its own SIGTERM handler
         try:
-            return execute(cfg, workers, monitor, run_dir)
+            workers, spawner = create_workers(
+                cfg, artifacts, run_dir, train_prompts, eval_sets, total_steps, start, buffer_state
+            )
+            wait_until_ready(cfg, workers)
+            record_placement(cfg, workers, run_dir)
+            hub = HubClient(RayHandle(workers.hub))
+            monitor = RunMonitor(cfg, run_dir, hub, total_steps, start_step=start.version)
+            try:
+                return execute(cfg, workers, spawner, monitor, run_dir, signals, resume)
+            finally:
+                monitor.close()
+        except Exception as exc:
+            blamed = blame_shared_actor(workers, exc) if workers is not None else None
+            if blamed is not None:
+                raise blamed from exc
+            raise
         finally:
-            monitor.close()
-    except Exception as exc:
-        blamed = blame_shared_actor(workers, exc) if workers is not None else None
-        if blamed is not None:
-            raise blamed from exc
-        raise
-    finally:
-        shutdown(workers, started_ray)
+            shutdown(workers, started_ray)
+
+
+def start_point(
+    artifacts: Artifacts, resume: Checkpoint | None
+) -> tuple[StartPoint, dict[str, Any] | None]:
+    """Where the workers start, and the buffer state to restore (None for a fresh run)."""
+    if resume is None:
+        return StartPoint(model_dir=artifacts.model_dir, version=0), None
+    start = StartPoint(resume.path, resume.version, trainer_state=str(resume.trainer_file))
+    return start, load_state(resume.buffer_file)
 
 
 @contextlib.contextmanager
-def prepare_run_dir(cfg: RunConfig) -> Iterator[Path]:
+def prepare_run_dir(
+    cfg: RunConfig, resume: Checkpoint | None, sibling_if_used: bool
+) -> Iterator[Path]:
     """The run's directory with its resolved config.yaml, locked while inside (see run_dir.py):
-    ``cfg.run_dir``, or a fresh sibling when that holds a finished run; RunDirInUse when a live
-    run holds it."""
-    run_dir, lock = claim_run_dir(Path(cfg.run_dir))
+    for a resumed run ``cfg.run_dir`` itself, its logs cut back to the checkpoint's step;
+    otherwise ``cfg.run_dir`` or a fresh sibling when that holds a finished run."""
+    if resume is not None:
+        run_dir, lock = lock_existing_run_dir(Path(cfg.run_dir))
+    else:
+        run_dir, lock = claim_run_dir(Path(cfg.run_dir), sibling_if_used=sibling_if_used)
     try:
+        if resume is not None:
+            truncate_logs(run_dir, resume.version)
         (run_dir / "config.yaml").write_text(resolved_yaml(cfg))
         yield run_dir
     finally:
@@ -130,133 +153,103 @@ def planned_steps(cfg: RunConfig, num_prompts: int) -> int:
     return max(1, min(cfg.training.max_steps, from_data))
 
 
-def create_workers(
-    cfg: RunConfig,
-    artifacts: Artifacts,
-    run_dir: Path,
-    train_prompts: list[EncodedPrompt],
-    eval_sets: dict[str, list[EncodedPrompt]],
-    total_steps: int,
-) -> Workers:
-    import ray
-
-    from zbrl.launch.workers import ConsumerWorker, EvaluatorWorker, ProducerWorker
-    from zbrl.telemetry.hub import TelemetryHub
-    from zbrl.transport.buffer import RolloutBuffer
-    from zbrl.transport.weight_sync.object_store import WeightStore
-
-    la = cfg.launch
-    data = cfg.model_dump(mode="json")
-    model_dir, tok_dir = str(artifacts.model_dir), str(artifacts.tokenizer_dir)
-    place = reserve(cfg)  # placement groups first: a cluster that is too small fails here
-    concurrency = 4 * (la.num_producers + la.num_consumers) + 8
-    shared = {**place.shared_options(), "max_concurrency": concurrency}
-    buffer = ray.remote(RolloutBuffer).options(**shared).remote(buffer_settings(cfg))
-    store = ray.remote(WeightStore).options(**shared).remote()
-    hub = ray.remote(TelemetryHub).options(**shared).remote()
-    prompts_ref = ray.put(train_prompts)
-    producers = [
-        ray.remote(ProducerWorker)
-        .options(**place.producer_options(i))
-        .remote(data, i, model_dir, tok_dir, prompts_ref, buffer, store, hub)
-        for i in range(la.num_producers)
-    ]
-    consumers = [
-        ray.remote(ConsumerWorker)
-        .options(**place.consumer_options(i))
-        .remote(data, i, model_dir, tok_dir, str(run_dir), total_steps, buffer, store, hub)
-        for i in range(la.num_consumers)
-    ]
-    evaluator = None
-    if eval_sets:
-        evaluator = (
-            ray.remote(EvaluatorWorker)
-            .options(**place.evaluator_options())
-            .remote(data, model_dir, tok_dir, eval_sets, str(run_dir), store, hub)
-        )
-    workers = Workers(buffer, store, hub, producers, consumers, evaluator, placement=place)
-    workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
-    workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
-    if evaluator is not None:
-        workers.names[evaluator] = "evaluator"
-    return workers
-
-
 def wait_until_ready(cfg: RunConfig, workers: Workers, timeout_s: float = 900.0) -> None:
     """Block until every worker finished building its state (models loaded), or fail clearly."""
     refs = {a.__ray_ready__.remote(): name for a, name in workers.names.items()}
     _wait_all(refs, timeout_s, what="start-up")
 
 
-WORKERS_FILE = "workers.json"
-
-
-def record_placement(cfg: RunConfig, workers: Workers, run_dir: Path) -> None:
-    """Ask every worker where it runs; kept for summary.json and written to RUN_DIR/workers.json
-    at once (so a running run shows where everything is)."""
-    la = cfg.launch
-    eval_gpus = workers.placement.evaluator_options()["num_gpus"] if workers.placement else 0
-    resources = {
-        "producer": (la.producer_num_cpus, la.producer_num_gpus),
-        "consumer": (la.consumer_num_cpus, la.consumer_num_gpus),
-        "evaluator": (0.0, float(eval_gpus)),
-    }
-    refs = {a.placement.remote(): name for a, name in workers.names.items()}
-    where = []
-    for ref, name in refs.items():
-        role = name.split("-")[0]
-        cpus, gpus = resources[role]
-        info = _get(ref, name, timeout=60)
-        where.append({"name": name, "role": role, **info, "num_cpus": cpus, "num_gpus": gpus})
-    workers.where = sorted(where, key=lambda w: w["name"])
-    (run_dir / WORKERS_FILE).write_text(json.dumps(workers.where, indent=2) + "\n")
-
-
-def execute(cfg: RunConfig, workers: Workers, monitor: RunMonitor, run_dir: Path) -> dict:
-    import ray
-
-    initial = None
-    if workers.evaluator is not None and cfg.eval.at_start:
+def execute(
+    cfg: RunConfig,
+    workers: Workers,
+    spawner: Spawner,
+    monitor: RunMonitor,
+    run_dir: Path,
+    signals: StopSignals,
+    resume: Checkpoint | None,
+) -> dict:
+    initial = _previous_initial_eval(run_dir) if resume is not None else None
+    if workers.evaluator is not None and cfg.eval.at_start and resume is None:
         print("[zbrl] initial evaluation ...", flush=True)
         initial = _get(workers.evaluator.evaluate.remote(0, 0), "evaluator", timeout=1800)
         monitor.record_eval(0, initial)
     start = time.time()
     monitor.window_start = start
-    running = {c.run.remote(): workers.names[c] for c in workers.consumers}
-    running.update({p.run.remote(): workers.names[p] for p in workers.producers})
-    results: dict[str, Any] = {}
-    eval_ref, next_eval = None, cfg.eval.interval or None
-    while running:
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-        for ref in ready:
-            name = running.pop(ref)
-            results[name] = _get(ref, name)
-        monitor.poll()
-        if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
-            step = monitor.latest_step
-            monitor.record_eval(step, _get(eval_ref, "evaluator"))
-            eval_ref = None
-        due = next_eval is not None and monitor.latest_step >= next_eval and running
-        if due and workers.evaluator is not None and eval_ref is None:
-            step = monitor.latest_step
-            eval_ref = workers.evaluator.evaluate.remote(step, step)
-            next_eval = step + cfg.eval.interval
+    supervisor = Supervisor(cfg, workers, spawner, monitor, signals)
+    with signals.graceful():
+        outcome = supervisor.run()
     end = time.time()
-    if eval_ref is not None:
-        monitor.record_eval(monitor.latest_step, _get(eval_ref, "evaluator", timeout=1800))
-    steps = max((r.steps for n, r in results.items() if n.startswith("consumer")), default=0)
+    consumer = next((r for n, r in outcome.results.items() if n.startswith("consumer")), None)
+    steps = consumer.steps if consumer is not None else monitor.latest_step
     final = None
-    if workers.evaluator is not None:
-        print("[zbrl] final evaluation ...", flush=True)
-        final = _get(workers.evaluator.evaluate.remote(steps, steps), "evaluator", timeout=1800)
-        monitor.record_eval(steps, final)
+    if outcome.failure is None and outcome.stop_reason is None:
+        final = _final_eval(supervisor, workers, monitor, steps)
     monitor.poll()
     buffer_stats = BufferClient(RayHandle(workers.buffer)).snapshot()
-    summary = build_summary(monitor, results, buffer_stats, start, end, steps, initial, final)
-    summary["workers"] = workers.where
+    summary = build_summary(
+        monitor, outcome.results, buffer_stats, start, end, steps, initial, final
+    )
+    checkpoint = consumer.final_checkpoint if consumer is not None else None
+    summary.update(
+        workers=workers.where,
+        producer_restarts=outcome.producer_restarts,
+        evaluator_failures=outcome.evaluator_failures,
+        interrupted=outcome.stop_reason,
+        resumed_from=str(resume.path) if resume is not None else None,
+        checkpoint=checkpoint,
+    )
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     print(render_report(run_dir), flush=True)
+    _raise_if_ended_early(outcome, run_dir, checkpoint, signals)
     return summary
+
+
+def _final_eval(supervisor: Supervisor, workers: Workers, monitor: RunMonitor, steps: int):
+    if workers.evaluator is None:
+        return None
+    print("[zbrl] final evaluation ...", flush=True)
+    for attempt in range(2):  # a failed evaluator is replaced once
+        kind, value = outcome_of(
+            workers.evaluator.evaluate.remote(steps, steps), "evaluator", timeout=1800
+        )
+        if kind == "ok":
+            monitor.record_eval(steps, value)
+            return value
+        print(f"[zbrl] warning: final evaluation failed ({value})", file=sys.stderr, flush=True)
+        if attempt == 0:
+            supervisor.replace_evaluator()
+    return None
+
+
+def _raise_if_ended_early(
+    outcome: Outcome, run_dir: Path, checkpoint: str | None, signals: StopSignals
+) -> None:
+    saved = (
+        f"a resumable checkpoint is in {checkpoint}; continue with: zbrl resume {run_dir}"
+        if checkpoint is not None
+        else _no_checkpoint_note(run_dir)
+    )
+    if outcome.failure is not None:
+        raise RunFailed(f"{outcome.failure}\n{saved}")
+    if outcome.stop_reason is not None:
+        late = " (the workers did not stop in time)" if outcome.stop_timed_out else ""
+        message = f"interrupted by {outcome.stop_reason}{late}; {saved}"
+        raise RunInterrupted(message, exit_code(signals.signum or 2))
+
+
+def _no_checkpoint_note(run_dir: Path) -> str:
+    latest = find_latest(run_dir / "checkpoints")
+    if latest is None:
+        return "no checkpoint was written"
+    return f"the newest checkpoint is {latest.path}; continue with: zbrl resume {run_dir}"
+
+
+def _previous_initial_eval(run_dir: Path) -> dict | None:
+    """The first segment's initial evaluation, so a resumed run's summary still shows it."""
+    try:
+        return json.loads((run_dir / SUMMARY_FILE).read_text()).get("eval_initial")
+    except (OSError, ValueError):
+        return None
 
 
 def build_summary(
@@ -314,41 +307,6 @@ def shutdown(workers: Workers | None, started_ray: bool) -> None:
         ray.shutdown()
 
 
-# the actors every worker calls: when one dies, the worker that called it next fails first
-SHARED_ACTORS = (("buffer", "rollout buffer"), ("store", "weight store"), ("hub", "telemetry hub"))
-
-
-def blame_shared_actor(
-    workers: Workers, exc: BaseException, timeout_s: float = 30.0
-) -> RunFailed | None:
-    """When the run failed with a worker error (or a Ray error from the hub), an error that names
-    the shared actors that are dead, with ``exc`` as their consequence; None when all live."""
-    import ray
-
-    if not isinstance(exc, RunFailed | ray.exceptions.RayError):
-        return None
-    dead = []
-    for attr, label in SHARED_ACTORS:
-        try:
-            ray.get(getattr(workers, attr).__ray_ready__.remote(), timeout=timeout_s)
-        except ray.exceptions.ActorDiedError as err:
-            dead.append(f"the {label} actor died ({_death_cause(err)})")
-        except ray.exceptions.RayError:
-            pass  # busy, unreachable for a moment, or Ray itself going down: not known dead
-    if not dead:
-        return None
-    consequence = str(exc) if isinstance(exc, RunFailed) else _cause(exc)
-    return RunFailed(f"{'; '.join(dead)}; as a consequence: {consequence}")
-
-
-def _death_cause(err: BaseException) -> str:
-    """The lines of an ActorDiedError that say why (not its header nor the tab-indented ids)."""
-    lines = [x.strip() for x in str(err).splitlines() if x.strip() and not x.startswith("\t")]
-    why = [x for x in lines if not x.startswith("The actor died unexpectedly before finishing")]
-    text = " ".join(why) or "no cause given"
-    return text.split(" Some common causes include")[0]  # Ray's general advice, not the cause
-
-
 def _primary_accuracy(results: dict | None) -> float | None:
     if not results:
         return None
@@ -356,16 +314,10 @@ def _primary_accuracy(results: dict | None) -> float | None:
 
 
 def _get(ref: Any, name: str, timeout: float | None = None) -> Any:
-    import ray
-
-    try:
-        return ray.get(ref, timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        raise RunFailed(f"{name} did not answer within {timeout}s") from None
-    except ray.exceptions.RayTaskError as exc:  # first: also an ActorDiedError the task raised
-        raise RunFailed(f"{name} failed: {_cause(exc)}") from None
-    except ray.exceptions.RayActorError as exc:
-        raise RunFailed(f"{name} died: {_cause(exc)}") from None
+    kind, value = outcome_of(ref, name, timeout)
+    if kind != "ok":
+        raise RunFailed(value)
+    return value
 
 
 def _wait_all(refs: dict[Any, str], timeout_s: float, what: str) -> None:
@@ -382,17 +334,3 @@ def _wait_all(refs: dict[Any, str], timeout_s: float, what: str) -> None:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(remaining, 1.0))
         for ref in ready:
             _get(ref, pending.pop(ref))
-
-
-def _cause(exc: BaseException) -> str:
-    import ray
-
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, ray.exceptions.RayActorError):  # a call to another actor: which one
-        lines = str(cause).strip().splitlines()
-        ids = [x.strip() for x in lines[1:] if x.strip().startswith(("class_name:", "pid:"))]
-        return f"{type(cause).__name__}: {lines[0] if lines else ''} ({', '.join(ids)})"
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {cause}"
-    text = str(exc).strip().splitlines()
-    return text[-1] if text else type(exc).__name__

@@ -23,7 +23,15 @@ IDLE_REFRESH_S = 5.0
 class RunMonitor:
     """Collects everything workers report and shows progress."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, hub: HubClient, total_steps: int) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        hub: HubClient,
+        total_steps: int,
+        start_step: int = 0,
+    ) -> None:
+        """``start_step``: the step a resumed run continues from (its logs continue there)."""
         self.cfg = cfg
         self.run_dir = run_dir
         self.hub = hub
@@ -32,9 +40,9 @@ class RunMonitor:
         self.spans: list[Span] = []
         self.step_metrics: dict[int, dict[str, float]] = {}
         self.eval_results: dict[int, dict[str, dict[str, float]]] = {}
-        self.latest_step = 0
+        self.latest_step = start_step
         self.window_start: float | None = None
-        self._bar = _progress_bar(cfg, total_steps)
+        self._bar = _progress_bar(cfg, total_steps, start_step)
         self._postfix: dict[str, str] = {}
         self._idle_refreshed_at = 0.0
 
@@ -68,6 +76,16 @@ class RunMonitor:
             self._postfix["eval"] = f"{first['accuracy']:.2f}"
         self.sink.log(step, flat)
         self._show()
+
+    def log_event(self, step: int, metrics: dict[str, float]) -> None:
+        """Log driver-side metrics (for example ``producer_restarts``) at ``step``."""
+        self.sink.log(step, metrics)
+
+    def record_span(self, worker: str, role: str, name: str, start: float, end: float) -> None:
+        """A span the driver observed for a worker (for example a producer's restart)."""
+        span = Span(worker, role, name, start, end)
+        self.timeline.write([span])
+        self.spans.append(span)
 
     def idle_fractions(self, end: float) -> dict[str, float]:
         if self.window_start is None or not self.spans or end <= self.window_start:
@@ -123,13 +141,18 @@ def _build_sinks(cfg: RunConfig, run_dir: Path) -> MetricsSink:
     return MultiSink(sinks)
 
 
-def _progress_bar(cfg: RunConfig, total: int):
+def _progress_bar(cfg: RunConfig, total: int, initial: int):
     if not cfg.logging.progress:
         return None
     from tqdm.auto import tqdm
 
     return tqdm(
-        total=total, desc=f"zbrl {cfg.name}", unit="step", dynamic_ncols=True, mininterval=1.0
+        total=total,
+        initial=initial,
+        desc=f"zbrl {cfg.name}",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=1.0,
     )
 
 

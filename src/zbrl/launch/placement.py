@@ -13,9 +13,11 @@ it (with NCCL weight sync it takes a producer's GPUs).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from zbrl.assembly.settings import weight_sync_backend
@@ -127,3 +129,32 @@ def node_address() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
+
+
+WORKERS_FILE = "workers.json"
+
+
+def record_placement(cfg: RunConfig, workers: Any, run_dir: Path, timeout_s: float = 60.0) -> None:
+    """Ask every worker where it runs (``workers``: a spawn.Workers); kept in ``workers.where``
+    for summary.json and written to RUN_DIR/workers.json at once, so a running run shows where
+    everything is."""
+    from zbrl.launch.failures import RunFailed, outcome_of
+
+    la = cfg.launch
+    eval_gpus = workers.placement.evaluator_options()["num_gpus"] if workers.placement else 0
+    resources = {
+        "producer": (la.producer_num_cpus, la.producer_num_gpus),
+        "consumer": (la.consumer_num_cpus, la.consumer_num_gpus),
+        "evaluator": (0.0, float(eval_gpus)),
+    }
+    refs = {a.placement.remote(): name for a, name in workers.names.items()}
+    where = []
+    for ref, name in refs.items():
+        kind, info = outcome_of(ref, name, timeout_s)
+        if kind != "ok":
+            raise RunFailed(info)
+        role = name.split("-")[0]
+        cpus, gpus = resources[role]
+        where.append({"name": name, "role": role, **info, "num_cpus": cpus, "num_gpus": gpus})
+    workers.where = sorted(where, key=lambda w: w["name"])
+    (run_dir / WORKERS_FILE).write_text(json.dumps(workers.where, indent=2) + "\n")

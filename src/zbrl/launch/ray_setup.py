@@ -73,7 +73,7 @@ def init_ray(cfg: RunConfig) -> bool:
         if ray.is_initialized():
             return False
         ray.init(
-            address="local",  # a new Ray, even where `ray start` left /tmp/ray/ray_current_cluster
+            address="local",  # a new local instance, never a `ray start` cluster found on disk
             num_cpus=cpus,
             num_gpus=num_gpus,
             _node_ip_address=LOOPBACK,

@@ -15,13 +15,19 @@ import time
 from pathlib import Path
 
 from zbrl.errors import RunError
+from zbrl.training.checkpoint import has_checkpoints
 
+CHECKPOINTS = "checkpoints"
 LOCK_FILE = ".zbrl-run.lock"
 MAX_FALLBACKS = 1000
 
 
 class RunDirInUse(RunError):
     """Another run holds the run directory."""
+
+
+class RunDirHasCheckpoints(RunError):
+    """The run directory holds checkpoints of an earlier run; a new run will not overwrite it."""
 
 
 class RunDirLock:
@@ -62,13 +68,23 @@ def holds_a_run(run_dir: Path) -> bool:
     return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
 
 
-def claim_run_dir(configured: Path, now: float | None = None) -> tuple[Path, RunDirLock]:
+def claim_run_dir(
+    configured: Path, now: float | None = None, sibling_if_used: bool = False
+) -> tuple[Path, RunDirLock]:
     """The directory this run uses (``configured`` or a fresh sibling) and the lock held on it.
 
-    Raises RunDirInUse when a live run holds ``configured``. ``now`` (seconds since the epoch) is
-    the time used in a fallback name; the current time when None.
+    Raises RunDirInUse when a live run holds ``configured``, and RunDirHasCheckpoints when it
+    holds checkpoints (unless ``sibling_if_used``: then a fresh sibling, as for any finished run).
+    ``now`` (seconds since the epoch) is the time used in a fallback name; the current time when
+    None.
     """
     configured.parent.mkdir(parents=True, exist_ok=True)
+    if not sibling_if_used and has_checkpoints(configured / CHECKPOINTS):
+        raise RunDirHasCheckpoints(
+            f"run dir {configured} holds checkpoints of an earlier run ({configured / CHECKPOINTS})"
+            f"; continue that run with `zbrl resume {configured}`, or start a new one in another "
+            "directory (name=OTHER or logging.run_dir=PATH)"
+        )
     if not holds_a_run(configured):
         configured.mkdir(exist_ok=True)
         lock = try_lock(configured)
@@ -82,6 +98,16 @@ def claim_run_dir(configured: Path, now: float | None = None) -> tuple[Path, Run
         raise RunDirInUse(_in_use_message(configured))
     probe.release()
     return _claim_fallback(configured, now)
+
+
+def lock_existing_run_dir(run_dir: Path) -> tuple[Path, RunDirLock]:
+    """Lock the run dir of a run being resumed; RunDirInUse when a live run holds it."""
+    if not run_dir.is_dir():
+        raise RunError(f"run dir {run_dir} does not exist")
+    lock = try_lock(run_dir)
+    if lock is None:
+        raise RunDirInUse(_in_use_message(run_dir))
+    return run_dir, lock
 
 
 def _claim_fallback(configured: Path, now: float | None) -> tuple[Path, RunDirLock]:

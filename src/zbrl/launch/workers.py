@@ -84,7 +84,11 @@ class ProducerWorker:
         buffer: Any,
         store: Any,
         hub: Any,
+        initial_version: int,
+        resume_state: dict[str, Any] | None,
     ) -> None:
+        """``initial_version``: the version of the weights in ``model_dir``; ``resume_state``: the
+        producer's resume point (from the rollout buffer) when it continues a shard."""
         from zbrl.rollout.producer import Producer
 
         cfg = RunConfig.model_validate(cfg_data)
@@ -96,7 +100,7 @@ class ProducerWorker:
             cfg.transport.weight_sync,
             WeightStoreClient(RayHandle(store)),
             self.recorder,
-            initial_version=0,
+            initial_version=initial_version,
             member=f"producer-{index}",
             broadcast=broadcast_settings(cfg, node_address()),
         )
@@ -109,6 +113,8 @@ class ProducerWorker:
             self.receiver,
             self.recorder,
         )
+        if resume_state is not None:
+            self.producer.load_state(resume_state)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""
@@ -126,13 +132,19 @@ class ConsumerWorker:
         cfg_data: dict[str, Any],
         index: int,
         model_dir: str,
+        reference_dir: str,
         tokenizer_dir: str,
         run_dir: str,
         total_steps: int,
         buffer: Any,
         store: Any,
         hub: Any,
+        trainer_state: str | None,
     ) -> None:
+        """``model_dir``: the policy's weights (a checkpoint when resuming); ``reference_dir``:
+        the frozen reference's (the base model); ``trainer_state``: a checkpoint's consumer state
+        file to continue from."""
+        from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
         cfg = RunConfig.model_validate(cfg_data)
@@ -140,7 +152,9 @@ class ConsumerWorker:
         self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
         self.hub = HubClient(RayHandle(hub))
         tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
-        trainer = build_trainer(cfg, Path(model_dir), tokenizer, total_steps)
+        trainer = build_trainer(
+            cfg, Path(model_dir), tokenizer, total_steps, reference_dir=Path(reference_dir)
+        )
         self.publisher = build_publisher(
             cfg.transport.weight_sync,
             WeightStoreClient(RayHandle(store)),
@@ -157,6 +171,8 @@ class ConsumerWorker:
             on_step=self.hub.add_metrics,
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
         )
+        if trainer_state is not None:
+            self.consumer.load_state(load_state(Path(trainer_state)))
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""
@@ -178,6 +194,7 @@ class EvaluatorWorker:
         run_dir: str,
         store: Any,
         hub: Any,
+        initial_version: int,
     ) -> None:
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
 
@@ -191,7 +208,7 @@ class EvaluatorWorker:
             cfg.transport.weight_sync,
             WeightStoreClient(RayHandle(store)),
             self.recorder,
-            initial_version=0,
+            initial_version=initial_version,
             member="evaluator",
             broadcast=broadcast_settings(cfg, node_address()),
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 from zbrl.data.sampler import ShardedSampler
 from zbrl.rewards.base import RewardContext, RewardFunction
+from zbrl.rng import rng_state, set_rng_state
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import BufferClient
@@ -124,10 +125,10 @@ class Producer:
             chunk = batch[start : start + imbs]
             tickets = reservation.tickets[start : start + imbs]
             groups += self._rollout(chunk, tickets, version)
-        with self.recorder.span(PUSH, groups=len(groups)):
-            self.buffer.put(groups)
         self.groups_pushed += len(groups)
         self.samples_pushed += sum(g.group_size for g in groups)
+        with self.recorder.span(PUSH, groups=len(groups)):
+            self.buffer.put(groups, self.state())  # the resume point right after these groups
         return True
 
     # -- resume ----------------------------------------------------------------------------------
@@ -135,14 +136,17 @@ class Producer:
     def state(self) -> dict[str, Any]:
         """What a resumed producer needs (a plain picklable dict): ``sampler`` (its shard's
         position, see ``ShardedSampler.state``), ``prompts_taken`` (prompts taken so far: the
-        temperature schedule's clock) and the counters ``groups_pushed``, ``samples_pushed`` and
-        ``versions_loaded``. Take it between steps (all taken prompts pushed). The loaded weight
-        version is not part of it: a resumed producer's receiver starts at the version of the
-        checkpoint its backend was loaded from. Nothing calls this from the driver yet (resume is
-        a later issue)."""
+        temperature schedule's clock), ``rng`` (this process's generators, see
+        :mod:`zbrl.rng`) and the counters ``groups_pushed``, ``samples_pushed`` and
+        ``versions_loaded``. Valid between steps (every taken prompt pushed): the producer sends
+        it with each ``put``, and the buffer keeps the latest (see :mod:`zbrl.transport.buffer`).
+        The loaded weight version is not part of it: a resumed producer's receiver starts at the
+        version its backend was loaded with."""
         return {
+            "index": self.settings.index,
             "sampler": self.sampler.state(),
             "prompts_taken": self._taken,
+            "rng": rng_state(),
             "groups_pushed": self.groups_pushed,
             "samples_pushed": self.samples_pushed,
             "versions_loaded": self.versions_loaded,
@@ -156,6 +160,7 @@ class Producer:
         self.groups_pushed = state["groups_pushed"]
         self.samples_pushed = state["samples_pushed"]
         self.versions_loaded = state["versions_loaded"]
+        set_rng_state(state["rng"])
 
     # -- steps -----------------------------------------------------------------------------------
 

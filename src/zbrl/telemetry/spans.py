@@ -39,8 +39,10 @@ EVAL = "eval"
 """Evaluation on held-out prompts."""
 STARTUP = "startup"
 """Model/engine construction before the first real work."""
+RESTART = "restart"
+"""Producer: its process died; from the death being noticed until its replacement is ready."""
 
-IDLE_SPANS: frozenset[str] = frozenset({WAIT_FOR_DATA, WAIT_FOR_WEIGHTS})
+IDLE_SPANS: frozenset[str] = frozenset({WAIT_FOR_DATA, WAIT_FOR_WEIGHTS, RESTART})
 """Span names that count as idle time when they occur on a worker's main thread."""
 
 MAIN_THREAD = "main"

@@ -1,12 +1,45 @@
-"""Hugging Face checkpoints (safetensors; loadable with ``from_pretrained``)."""
+"""Checkpoints: Hugging Face weights a user loads with ``from_pretrained``, plus what a run needs to
+resume exactly.
+
+Layout of one checkpoint, ``RUN_DIR/checkpoints/step-N`` (N = policy version = steps done)::
+
+    config.json, model.safetensors, tokenizer files     the policy (``from_pretrained(step-N)``)
+    zbrl/trainer.pt      consumer state: version, counters, optimizer + LR schedule, RNG
+    zbrl/buffer.pt       rollout buffer state: untrained groups, tickets, each producer's
+                         resume point (sampler position, RNG) — see zbrl.transport.buffer
+    zbrl/meta.json       written last: version, time, and a manifest (size and SHA-256 of
+                         every file) that says the checkpoint is complete
+
+Writing is atomic: everything goes into ``step-N.tmp-PID``, every file and the directory are
+fsynced, and the directory is renamed to ``step-N`` (then the parent is fsynced). A reader
+(:func:`find_latest`) takes the newest ``step-N`` whose manifest matches its files and skips,
+with a warning, anything else (a temporary directory left by a crash, a directory cut short).
+Only the newest ``keep`` complete checkpoints are kept.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
 import shutil
+import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
+
+from zbrl.errors import RunError
+
+STATE_DIR = "zbrl"
+TRAINER_FILE = "trainer.pt"
+BUFFER_FILE = "buffer.pt"
+META_FILE = "meta.json"
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class PretrainedWriter(Protocol):
@@ -16,17 +49,208 @@ class PretrainedWriter(Protocol):
     def save_pretrained(self, directory: Path) -> None: ...
 
 
+class CheckpointError(RunError):
+    """A checkpoint is missing, incomplete or unreadable; the message names the path."""
+
+
+class IncompleteCheckpointWarning(UserWarning):
+    """A checkpoint directory was skipped because it is not complete."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint on disk."""
+
+    path: Path
+    version: int
+    meta: dict[str, Any]
+
+    @property
+    def trainer_file(self) -> Path:
+        return self.path / STATE_DIR / TRAINER_FILE
+
+    @property
+    def buffer_file(self) -> Path:
+        return self.path / STATE_DIR / BUFFER_FILE
+
+
 def save_checkpoint(
-    model: PretrainedWriter, tokenizer: PreTrainedTokenizerBase | None, directory: str | Path
+    model: PretrainedWriter,
+    tokenizer: PreTrainedTokenizerBase | None,
+    directory: str | Path,
+    state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write model (+ tokenizer) to ``directory`` atomically enough: a ``.partial`` dir renamed."""
+    """Write the model (+ tokenizer, + the resume ``state``: file name under ``zbrl/`` → picklable
+    object) to ``directory`` atomically; returns ``directory``. An existing ``directory`` is
+    replaced only once the new one is complete."""
+    import torch
+
     final = Path(directory)
-    partial = final.with_name(final.name + ".partial")
-    partial.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(partial)
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
     if tokenizer is not None:
-        tokenizer.save_pretrained(partial)
+        tokenizer.save_pretrained(tmp)
+    (tmp / STATE_DIR).mkdir()
+    for name, obj in (state or {}).items():
+        torch.save(obj, tmp / STATE_DIR / name)
+    version = _version_of(final.name)
+    meta = {"format": FORMAT, "version": version, "written_at": time.time()}
+    meta["files"] = _manifest(tmp)
+    _write_synced(tmp / STATE_DIR / META_FILE, json.dumps(meta, indent=1) + "\n")
+    _fsync_tree(tmp)
     if final.exists():
-        shutil.rmtree(final)
-    partial.rename(final)
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
+    _fsync_dir(final.parent)
     return final
+
+
+def prune(checkpoint_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (0 keeps all); returns them."""
+    if keep <= 0:
+        return []
+    complete = _complete_checkpoints(Path(checkpoint_dir), warn=False)
+    doomed = [c.path for c in complete[:-keep]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def find_latest(checkpoint_dir: str | Path) -> Checkpoint | None:
+    """The newest complete checkpoint under ``checkpoint_dir`` (None when there is none); each
+    incomplete one met on the way is skipped with an :class:`IncompleteCheckpointWarning`."""
+    complete = _complete_checkpoints(Path(checkpoint_dir), warn=True)
+    return complete[-1] if complete else None
+
+
+def has_checkpoints(checkpoint_dir: str | Path) -> bool:
+    """Whether anything that looks like a checkpoint (complete or not) is there."""
+    path = Path(checkpoint_dir)
+    return path.is_dir() and any(_STEP_DIR.match(p.name) for p in path.iterdir())
+
+
+def load_state(path: Path) -> Any:
+    """Load one state file of a checkpoint; CheckpointError naming the file when it is corrupt."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot read checkpoint file {path} ({type(exc).__name__}: {exc}); resume from "
+            "an older checkpoint by moving this one out of the checkpoints directory"
+        ) from None
+
+
+def check_complete(path: Path) -> Checkpoint:
+    """The checkpoint at ``path``; CheckpointError saying what is wrong when it is not complete."""
+    meta_path = path / STATE_DIR / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is incomplete: {meta_path} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is incomplete: {meta_path} is unreadable ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path}: checkpoint format {meta.get('format')!r}, this zbrl reads {FORMAT}"
+        )
+    for rel, want in meta["files"].items():
+        problem = _file_problem(path / rel, want)
+        if problem:
+            raise CheckpointError(f"{path} is incomplete: {rel} {problem}")
+    return Checkpoint(path=path, version=int(meta["version"]), meta=meta)
+
+
+# -- internals -------------------------------------------------------------------------------
+
+
+def _complete_checkpoints(checkpoint_dir: Path, warn: bool) -> list[Checkpoint]:
+    if not checkpoint_dir.is_dir():
+        return []
+    found: list[Checkpoint] = []
+    for path in sorted(checkpoint_dir.iterdir(), key=lambda p: p.name):
+        if not path.is_dir():
+            continue
+        if not _STEP_DIR.match(path.name):
+            if warn and ".tmp-" in path.name:
+                _warn(f"skipping {path}: a checkpoint that was never finished")
+            continue
+        try:
+            found.append(check_complete(path))
+        except CheckpointError as exc:
+            if warn:
+                _warn(f"skipping {exc}")
+    return sorted(found, key=lambda c: c.version)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, IncompleteCheckpointWarning, stacklevel=3)
+
+
+def _version_of(name: str) -> int:
+    match = _STEP_DIR.match(name)
+    if match is None:
+        raise ValueError(f"checkpoint directory must be named step-N, got {name!r}")
+    return int(match.group(1))
+
+
+def _manifest(root: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(root))
+        out[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return out
+
+
+def _file_problem(path: Path, want: dict[str, Any]) -> str | None:
+    if not path.is_file():
+        return "is missing"
+    size = path.stat().st_size
+    if size != want["size"]:
+        return f"has {size} bytes, {want['size']} were written"
+    if _sha256(path) != want["sha256"]:
+        return "does not match the SHA-256 written with it (corrupt)"
+    return None
+
+
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            _fsync_path(path, os.O_RDONLY)
+    for path in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    _fsync_path(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def _fsync_path(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

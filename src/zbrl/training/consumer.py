@@ -9,14 +9,16 @@ receivers.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zbrl.rng import rng_state, set_rng_state
 from zbrl.telemetry.spans import TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
-from zbrl.training.checkpoint import save_checkpoint
+from zbrl.training.checkpoint import BUFFER_FILE, TRAINER_FILE, prune, save_checkpoint
 from zbrl.training.train_step import Trainer
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightPublisher
@@ -36,10 +38,14 @@ class ConsumerSettings:
     checkpoint_dir: str
     save_interval: int
     """Save a checkpoint every this many steps (0: never)."""
+    save_keep: int
+    """Checkpoints kept (the newest; 0 keeps all)."""
     save_final: bool
     log_rollout_interval: int
     """Report decoded rollouts every this many steps (0: never)."""
     rollouts_per_log: int
+    uid_log: str | None
+    """JSONL file that gets one line per step: the uids trained and their policy versions."""
 
 
 @dataclass
@@ -51,6 +57,8 @@ class ConsumerResult:
     samples_trained: int
     final_checkpoint: str | None
     partial_batches: int
+    stopped: bool = False
+    """The run was interrupted (``RolloutBuffer.request_stop``): it saved a resume point."""
 
 
 class Consumer:
@@ -82,32 +90,35 @@ class Consumer:
         self.partial_batches = 0
 
     def run(self) -> ConsumerResult:
-        final = None
+        final, stopped = None, False
         try:
             while self.settings.max_steps is None or self.version < self.settings.max_steps:
-                batch = self._wait_for_batch()
+                status, batch = self._wait_for_batch()
                 if batch is None:
+                    stopped = status == "stop"
                     break
                 self._train(batch)
             self.publisher.flush()
-            if self.settings.save_final:
+            if self.settings.save_final or stopped:
                 final = str(self._save())
         finally:
-            self.buffer.close()  # producers still waiting for admission stop now
+            if not stopped:  # when stopped, the buffer's contents go into the checkpoint first
+                self.buffer.close()  # producers still waiting for admission stop now
         return ConsumerResult(
             steps=self.version,
             groups_trained=self.groups_trained,
             samples_trained=self.samples_trained,
             final_checkpoint=final,
             partial_batches=self.partial_batches,
+            stopped=stopped,
         )
 
-    def _wait_for_batch(self) -> TrainBatch | None:
+    def _wait_for_batch(self) -> tuple[str, TrainBatch | None]:
         with self.recorder.span(WAIT_FOR_DATA, step=self.version):
             while True:
                 status, batch = self.buffer.take(self.settings.groups_per_step, POLL_TIMEOUT_S)
                 if status != "timeout":
-                    return batch
+                    return status, batch
 
     def _train(self, batch: TrainBatch) -> None:
         start = time.time()
@@ -125,6 +136,7 @@ class Consumer:
         metrics.update(_batch_metrics(batch, self.version - 1, train_s))
         snapshot = self.buffer.snapshot()
         metrics["sample_utilization"] = snapshot["sample_utilization"]
+        self._log_uids(batch)
         if self.settings.save_interval and self.version % self.settings.save_interval == 0:
             self._save()
         if self.on_step is not None:
@@ -156,33 +168,55 @@ class Consumer:
             )
         return records
 
+    def _log_uids(self, batch: TrainBatch) -> None:
+        if self.settings.uid_log is None or self.trainer.engine.rank != 0:
+            return
+        line = {
+            "step": self.version,
+            "uids": [g.uid for g in batch.groups],
+            "policy_versions": [g.policy_version for g in batch.groups],
+        }
+        Path(self.settings.uid_log).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.settings.uid_log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
     def _save(self) -> Path:
+        """A resumable checkpoint of this step (see :mod:`zbrl.training.checkpoint`): the model,
+        this consumer's state and the buffer's, taken together between steps."""
         path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"
-        return save_checkpoint(self.trainer.engine, self.tokenizer, path)
+        state = {TRAINER_FILE: self.state(), BUFFER_FILE: self.buffer.state()}
+        saved = save_checkpoint(self.trainer.engine, self.tokenizer, path, state=state)
+        prune(self.settings.checkpoint_dir, self.settings.save_keep)
+        return saved
 
     # -- resume ----------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
         """What a resumed consumer needs (a plain picklable dict, tensors on CPU): ``version``
         (policy version = steps done), the counters ``groups_trained``, ``samples_trained`` and
-        ``partial_batches``, and ``engine`` (the engine's ``state_dict``: weights, optimizer,
-        LR schedule). Take it between steps. Nothing calls this from the driver yet (resume is a
-        later issue)."""
+        ``partial_batches``, ``rng`` (this process's generators) and ``engine`` (the engine's
+        ``state_dict`` without the policy weights, which the checkpoint holds in Hugging Face
+        format: optimizer, LR schedule, step count). Take it between steps."""
+        engine = self.trainer.engine.state_dict()
+        engine.pop("policy", None)
         return {
             "version": self.version,
             "groups_trained": self.groups_trained,
             "samples_trained": self.samples_trained,
             "partial_batches": self.partial_batches,
-            "engine": self.trainer.engine.state_dict(),
+            "rng": rng_state(),
+            "engine": engine,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state` of a consumer built with the same model and config."""
+        """Continue from :meth:`state` of a consumer whose engine was built from the same
+        checkpoint's weights and the same config."""
         self.trainer.engine.load_state_dict(state["engine"])
         self.version = state["version"]
         self.groups_trained = state["groups_trained"]
         self.samples_trained = state["samples_trained"]
         self.partial_batches = state["partial_batches"]
+        set_rng_state(state["rng"])
 
 
 def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[str, float]:

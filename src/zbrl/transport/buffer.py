@@ -11,6 +11,15 @@ step ``<= e // groups_per_step``; the reservation therefore tells the producer t
 weights of at least version ``e // groups_per_step - max_staleness``. Together these guarantee that
 no group trained at version v was generated before version v - max_staleness; ``take`` re-checks
 the bound and drops (and counts) any group that would break it.
+
+Resume and restarts. Each producer sends its resume point (``Producer.state``: sampler position,
+RNG, counters) with every ``put``; the buffer stores it under the same lock as the groups, so its
+:meth:`state` always pairs the groups it holds with the producer states that produced exactly
+them. A producer holds at most one reservation, and it takes its prompts in stream order and puts
+a reservation's groups at once, so the prompts of its pending tickets are exactly those after its
+last resume point. :meth:`reclaim` drops a producer's pending tickets and returns its resume
+point: a restarted (or resumed) producer that continues from there regenerates those prompts
+under new tickets, and no prompt is lost or trained twice.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from zbrl.types import Reservation, RolloutGroup, TrainBatch
 _DROPPED = object()
 
 TakeResult = tuple[str, TrainBatch | None]
-"""``("batch", batch)``, ``("end", None)`` or ``("timeout", None)`` (see ``RolloutBuffer.take``)."""
+"""``("batch", batch)``, ``("end", None)``, ``("stop", None)`` or ``("timeout", None)`` (see
+``RolloutBuffer.take``)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class BufferStats:
     groups_filtered_truncated: int = 0
     groups_dropped_stale: int = 0
     tickets_released: int = 0
+    tickets_reissued: int = 0
+    """Pending tickets of a dead or resumed producer, dropped; their prompts get new tickets."""
     groups_trained: int = 0
     samples_trained: int = 0
     partial_batches: int = 0
@@ -84,6 +96,9 @@ class RolloutBuffer:
         self._head = 0  # lowest ticket not yet consumed
         self._finished: set[int] = set()
         self._closed = False
+        self._stopping = False
+        self._owners: dict[int, int] = {}  # pending ticket -> the producer that reserved it
+        self._producer_states: dict[int, dict[str, Any]] = {}  # producer -> its last resume point
         # per group: mean reward, format_acc, ans_acc, response length; reward timeouts (a count)
         self._raw: list[tuple[float, float, float, float, int]] = []
         self.stats = BufferStats()
@@ -97,31 +112,37 @@ class RolloutBuffer:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while not self._closed and self._room() < 1:
+            while not self._ended_for_producers() and self._room() < 1:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return Reservation(tickets=[], min_version=0)
                 self._cond.wait(remaining)
-            if self._closed:
+            if self._ended_for_producers():
                 return None
             k = min(n, self._room())
             first_effective = self._next_ticket - self._dropped
             tickets = list(range(self._next_ticket, self._next_ticket + k))
             for t in tickets:
                 self._slots[t] = None
+                self._owners[t] = producer
             self._next_ticket += k
             last_effective = first_effective + k - 1
             b, s = self.settings.groups_per_step, self.settings.max_staleness
             return Reservation(tickets=tickets, min_version=max(0, last_effective // b - s))
 
-    def put(self, groups: list[RolloutGroup]) -> None:
-        """Store generated groups under their tickets, dropping those the filters reject."""
+    def put(self, groups: list[RolloutGroup], producer_state: dict[str, Any] | None = None) -> None:
+        """Store generated groups under their tickets, dropping those the filters reject.
+
+        ``producer_state``: the sending producer's resume point right after these groups (see the
+        module docstring); kept for :meth:`state` and :meth:`reclaim`.
+        """
         with self._cond:
             for group in groups:
                 if self._slots.get(group.ticket, _DROPPED) is not None:
                     raise ValueError(
                         f"group {group.uid} carries unknown or used ticket {group.ticket}"
                     )
+                self._owners.pop(group.ticket, None)
                 self._account_raw(group)
                 reason = self._filter_reason(group)
                 if reason is None:
@@ -129,6 +150,8 @@ class RolloutBuffer:
                 else:
                     self.stats.per_reason[reason] = self.stats.per_reason.get(reason, 0) + 1
                     self._drop(group.ticket)
+            if producer_state is not None and groups:
+                self._producer_states[groups[0].producer] = producer_state
             self._cond.notify_all()
 
     def release(self, tickets: list[int]) -> None:
@@ -137,8 +160,28 @@ class RolloutBuffer:
             for t in tickets:
                 if self._slots.get(t, _DROPPED) is None:
                     self.stats.tickets_released += 1
+                    self._owners.pop(t, None)
                     self._drop(t)
             self._cond.notify_all()
+
+    def reclaim(self, producer: int | None = None) -> dict[int, dict[str, Any] | None]:
+        """Drop the pending tickets of ``producer`` (of every producer when None) and return each
+        such producer's last resume point (None: it never put anything, so it starts its shard
+        from the beginning). For a producer that died, or for every producer of a resumed run."""
+        with self._cond:
+            owners = dict(self._owners)
+            which = sorted(set(owners.values()) | set(self._producer_states))
+            if producer is not None:
+                which = [producer]
+            for ticket, owner in owners.items():
+                if owner in which and self._slots.get(ticket, _DROPPED) is None:
+                    self.stats.tickets_reissued += 1
+                    self._drop(ticket)
+                    del self._owners[ticket]
+            for p in which:
+                self._finished.discard(p)
+            self._cond.notify_all()
+            return {p: self._producer_states.get(p) for p in which}
 
     def producer_finished(self, producer: int) -> None:
         with self._cond:
@@ -152,12 +195,15 @@ class RolloutBuffer:
 
         Returns ``("batch", batch)``; when every producer has finished and fewer remain, they come
         as a partial batch. Returns ``("end", None)`` when nothing is left or the buffer is closed,
-        and ``("timeout", None)`` when ``timeout`` passes first.
+        ``("stop", None)`` once :meth:`request_stop` was called (what is buffered stays, for a
+        checkpoint) and ``("timeout", None)`` when ``timeout`` passes first.
         """
         n = n or self.settings.groups_per_step
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
+                if self._stopping:
+                    return "stop", None
                 ready, complete = self._ready_prefix(n)
                 if len(ready) >= n or (complete and ready):
                     batch = self._pop_batch(ready[:n], partial=len(ready) < n)
@@ -184,6 +230,13 @@ class RolloutBuffer:
             self._closed = True
             self._cond.notify_all()
 
+    def request_stop(self) -> None:
+        """The run is being interrupted: producers get no more admission (``reserve`` returns
+        None) and consumers get ``("stop", None)`` from ``take``; nothing buffered is dropped."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
     # -- introspection -------------------------------------------------------------------------
 
     @property
@@ -200,6 +253,11 @@ class RolloutBuffer:
             out["pending_groups"] = float(sum(v is None for v in self._slots.values()))
             return out
 
+    def producer_state(self, producer: int) -> dict[str, Any] | None:
+        """The last resume point ``producer`` sent with a ``put`` (None before its first)."""
+        with self._cond:
+            return self._producer_states.get(producer)
+
     # -- resume ----------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -209,15 +267,16 @@ class RolloutBuffer:
         ticket to grant), ``dropped`` (tickets dropped so far: filtered, released, stale; with
         ``next_ticket`` it gives ``effective_started``), ``head`` (lowest ticket not consumed),
         ``ready`` (ticket → stored RolloutGroup, not yet taken), ``pending`` (tickets granted and
-        not yet filled or released), ``dropped_tickets`` (tickets at or above ``head`` already
-        dropped), ``finished`` (producers that reported the end of their data), ``raw`` (per-group
-        pre-filter metrics not yet reported with a batch) and ``stats`` (the counters). Not
-        included: the settings (they come from the config) and whether the buffer is closed (a
-        loaded buffer is open).
+        not yet filled or released), ``owners`` (pending ticket → the producer that reserved it),
+        ``producer_states`` (producer → its last resume point), ``dropped_tickets`` (tickets at or
+        above ``head`` already dropped), ``finished`` (producers that reported the end of their
+        data), ``raw`` (per-group pre-filter metrics not yet reported with a batch) and ``stats``
+        (the counters). Not included: the settings (they come from the config) and whether the
+        buffer is closed or stopping (a loaded buffer is open).
 
         Pending tickets belong to reservations in flight: restored as pending, the consumer waits
-        for them in ticket order, so whoever resumes must have their producers fill them or
-        ``release`` them. Nothing calls this from the driver yet (resume is a later issue).
+        for them in ticket order, so whoever resumes calls :meth:`reclaim` and restarts each
+        producer from the resume point it returns.
         """
         with self._cond:
             ready = {t: v for t, v in self._slots.items() if isinstance(v, RolloutGroup)}
@@ -228,6 +287,8 @@ class RolloutBuffer:
                 "head": self._head,
                 "ready": ready,
                 "pending": sorted(t for t, v in self._slots.items() if v is None),
+                "owners": dict(self._owners),
+                "producer_states": dict(self._producer_states),
                 "dropped_tickets": sorted(t for t, v in self._slots.items() if v is _DROPPED),
                 "finished": sorted(self._finished),
                 "raw": list(self._raw),
@@ -246,6 +307,8 @@ class RolloutBuffer:
             self._head = state["head"]
             self._slots = dict(sorted(slots.items()))
             self._finished = set(state["finished"])
+            self._owners = dict(state["owners"])
+            self._producer_states = dict(state["producer_states"])
             self._raw = [tuple(r) for r in state["raw"]]
             stats = dict(state["stats"])
             stats["per_reason"] = dict(stats["per_reason"])
@@ -253,6 +316,9 @@ class RolloutBuffer:
             self._cond.notify_all()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _ended_for_producers(self) -> bool:
+        return self._closed or self._stopping
 
     def _room(self) -> int:
         b, s = self.settings.groups_per_step, self.settings.max_staleness

@@ -29,8 +29,8 @@ class BufferClient:
     def reserve(self, producer: int, n: int, timeout: float | None) -> Reservation | None:
         return self.handle.call(RolloutBuffer.reserve, producer, n, timeout)
 
-    def put(self, groups: list[RolloutGroup]) -> None:
-        self.handle.call(RolloutBuffer.put, groups)
+    def put(self, groups: list[RolloutGroup], producer_state: dict[str, Any] | None = None) -> None:
+        self.handle.call(RolloutBuffer.put, groups, producer_state)
 
     def release(self, tickets: list[int]) -> None:
         self.handle.call(RolloutBuffer.release, tickets)
@@ -47,6 +47,19 @@ class BufferClient:
 
     def close(self) -> None:
         self.handle.call(RolloutBuffer.close)
+
+    def state(self) -> dict[str, Any]:
+        return self.handle.call(RolloutBuffer.state)
+
+    # the driver
+    def request_stop(self) -> None:
+        self.handle.call(RolloutBuffer.request_stop)
+
+    def reclaim(self, producer: int | None = None) -> dict[int, dict[str, Any] | None]:
+        return self.handle.call(RolloutBuffer.reclaim, producer)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.handle.call(RolloutBuffer.load_state, state)
 
     # anyone
     def snapshot(self) -> dict[str, float]:

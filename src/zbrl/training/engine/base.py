@@ -105,9 +105,11 @@ class Engine(Protocol):
         """Everything needed to resume training exactly: policy weights, optimizer state, LR
         schedule position, :attr:`optimizer_steps`. A snapshot (later steps do not change it),
         picklable, tensors on CPU. The frozen reference is not included (it is rebuilt from the
-        model directory). Nothing calls it from the driver yet (resume is a later issue)."""
+        model directory)."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` of an engine built with the same model and config."""
+        """Continue from :meth:`state_dict` of an engine built with the same model and config.
+        ``policy`` may be left out when the engine was built from the weights of the same
+        checkpoint (resumable checkpoints store the policy in Hugging Face format only)."""
         ...

@@ -92,7 +92,8 @@ class SingleProcessEngine:
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
+        if "policy" in state:  # absent when the policy was loaded from the same checkpoint
+            self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]

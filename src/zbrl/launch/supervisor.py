@@ -1,0 +1,225 @@
+"""The driver's loop while a run trains.
+
+It waits on the roles' ``run`` calls, drains telemetry, schedules evaluations, and handles what
+goes wrong without ending the run when it need not:
+
+- a producer whose **process died** is re-created (up to ``launch.max_producer_restarts`` in
+  all): the buffer drops its pending tickets and hands back its last resume point
+  (``RolloutBuffer.reclaim``), the new producer loads the newest weights, continues its shard
+  from there and regenerates the prompts of the dropped tickets; nothing is lost or trained twice.
+  A producer that *raised* (a bug, a failing reward) is not restarted: it would fail again.
+- an **evaluator** that fails is reported as a warning and re-created; evaluations due while it
+  is away are skipped.
+- the first **SIGINT/SIGTERM** (see :mod:`zbrl.launch.signals`), and a failure that ends the run
+  while the consumer lives, ask the buffer to stop: producers get no more admission, the consumer
+  finishes its step and writes a resumable checkpoint, and every role returns.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from zbrl.config import RunConfig
+from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
+from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.signals import StopSignals
+from zbrl.launch.spawn import Spawner, Workers
+from zbrl.telemetry.spans import RESTART
+from zbrl.transport.clients import BufferClient
+from zbrl.transport.handles import RayHandle
+
+STOP_GRACE_S = 25.0
+"""How long a stopping run waits for the consumer's checkpoint and the roles to return."""
+READY_TIMEOUT_S = 900.0
+"""How long a re-created producer may take to build its model and backend."""
+
+
+@dataclass
+class Outcome:
+    """How the training loop ended."""
+
+    results: dict[str, Any]
+    """Each role's result by worker name (roles that did not return are missing)."""
+    stop_reason: str | None = None
+    """``SIGINT``/``SIGTERM`` when a signal stopped the run, else None."""
+    failure: RunFailed | None = None
+    """What ended the run early, if anything did."""
+    stop_timed_out: bool = False
+    """The roles did not return within ``STOP_GRACE_S`` of the stop."""
+    producer_restarts: int = 0
+    evaluator_failures: int = 0
+    evals: dict[int, dict] = field(default_factory=dict)
+
+
+class Supervisor:
+    """Runs the roles to the end (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        workers: Workers,
+        spawner: Spawner,
+        monitor: RunMonitor,
+        signals: StopSignals,
+    ) -> None:
+        self.cfg = cfg
+        self.workers = workers
+        self.spawner = spawner
+        self.monitor = monitor
+        self.signals = signals
+        self.buffer = BufferClient(RayHandle(workers.buffer))
+        self.outcome = Outcome(results={})
+        self._running: dict[Any, str] = {}
+        self._restarting: dict[Any, tuple[int, float]] = {}  # ready ref -> (index, since)
+        self._stop_deadline: float | None = None
+        self._eval_ref: Any = None
+        self._next_eval = cfg.eval.interval or None
+
+    def run(self) -> Outcome:
+        import ray
+
+        w = self.workers
+        self._running = {c.run.remote(): w.names[c] for c in w.consumers}
+        self._running.update({p.run.remote(): w.names[p] for p in w.producers})
+        while self._running or self._restarting:
+            self._check_stop()
+            if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
+                self.outcome.stop_timed_out = True
+                break
+            refs = [*self._running, *self._restarting]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
+            for ref in ready:
+                if ref in self._restarting:
+                    self._on_restarted(ref)
+                else:
+                    self._on_returned(ref, self._running.pop(ref))
+            self.monitor.poll()
+            self._evaluate_when_due()
+        if self._eval_ref is not None and self._stop_deadline is None:
+            self._collect_eval(timeout=1800)
+        return self.outcome
+
+    # -- roles -----------------------------------------------------------------------------------
+
+    def _on_returned(self, ref: Any, name: str) -> None:
+        kind, value = outcome_of(ref, name)
+        if kind == "ok":
+            self.outcome.results[name] = value
+            return
+        self._on_failed(name, kind, value)
+
+    def _on_failed(self, name: str, kind: str, message: str) -> None:
+        failure = RunFailed(message)
+        blamed = blame_shared_actor(self.workers, failure)
+        if blamed is not None:  # it failed because a shared actor died: nothing can save
+            self._fail(blamed, consumer_lives=False)
+        elif kind == "died" and name.startswith("producer-") and self._restarts_left():
+            self._restart_producer(int(name.split("-")[1]), message)
+        else:
+            self._fail(failure, consumer_lives=not name.startswith("consumer-"))
+
+    def _restarts_left(self) -> bool:
+        stopping = self._stop_deadline is not None
+        return (
+            not stopping and self.outcome.producer_restarts < self.cfg.launch.max_producer_restarts
+        )
+
+    def _restart_producer(self, index: int, cause: str) -> None:
+        since = time.time()
+        self.outcome.producer_restarts += 1
+        n, budget = self.outcome.producer_restarts, self.cfg.launch.max_producer_restarts
+        print(
+            f"[zbrl] {cause}; restarting producer-{index} ({n} of {budget} restarts)",
+            file=sys.stderr,
+            flush=True,
+        )
+        resume_state = self.buffer.reclaim(index)[index]
+        old = self.workers.producers[index]
+        self.workers.names.pop(old, None)
+        new = self.spawner.producer(index, resume_state)
+        self.workers.producers[index] = new
+        self.workers.names[new] = f"producer-{index}"
+        self._restarting[new.__ray_ready__.remote()] = (index, since)
+        self.monitor.log_event(
+            self.monitor.latest_step, {"producer_restarts": float(self.outcome.producer_restarts)}
+        )
+
+    def _on_restarted(self, ref: Any) -> None:
+        index, since = self._restarting.pop(ref)
+        name = f"producer-{index}"
+        kind, value = outcome_of(ref, name)
+        self.monitor.record_span(name, "producer", RESTART, since, time.time())
+        if kind != "ok":
+            self._on_failed(name, kind, f"{name} failed to restart: {value}")
+            return
+        if self._stop_deadline is not None:
+            return  # stopping: the new producer would get no admission anyway
+        producer = self.workers.producers[index]
+        self._running[producer.run.remote()] = name
+
+    def _fail(self, failure: RunFailed, consumer_lives: bool) -> None:
+        if self.outcome.failure is None:
+            self.outcome.failure = failure
+            print(f"[zbrl] error: {failure}", file=sys.stderr, flush=True)
+        if consumer_lives and self._stop_deadline is None:
+            self._request_stop()  # the consumer saves a resumable checkpoint and returns
+        elif not consumer_lives:
+            self._running.clear()  # nothing can save a checkpoint: end now
+            self._restarting.clear()
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def _check_stop(self) -> None:
+        if self.signals.requested and self.outcome.stop_reason is None:
+            self.outcome.stop_reason = self.signals.name
+            if self._stop_deadline is None:
+                self._request_stop()
+
+    def _request_stop(self) -> None:
+        self._stop_deadline = time.monotonic() + STOP_GRACE_S
+        self.buffer.request_stop()
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    def _evaluate_when_due(self) -> None:
+        import ray
+
+        if self._eval_ref is not None and ray.wait([self._eval_ref[1]], timeout=0)[0]:
+            self._collect_eval(timeout=None)
+        step = self.monitor.latest_step
+        due = self._next_eval is not None and step >= self._next_eval and self._running
+        if due and self._stop_deadline is None and self._eval_ref is None:
+            if self.workers.evaluator is not None:
+                self._eval_ref = (step, self.workers.evaluator.evaluate.remote(step, step))
+            self._next_eval = step + self.cfg.eval.interval
+
+    def _collect_eval(self, timeout: float | None) -> None:
+        step, ref = self._eval_ref
+        self._eval_ref = None
+        kind, value = outcome_of(ref, "evaluator", timeout=timeout)
+        if kind == "ok":
+            self.monitor.record_eval(step, value)
+            return
+        self.outcome.evaluator_failures += 1
+        print(
+            f"[zbrl] warning: the evaluation at step {step} failed ({value}); training goes on, "
+            "and a new evaluator takes the next one",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.replace_evaluator()
+
+    def replace_evaluator(self) -> None:
+        import ray
+
+        old = self.workers.evaluator
+        if old is not None:
+            self.workers.names.pop(old, None)
+            ray.kill(old, no_restart=True)
+        new = self.spawner.evaluator()
+        self.workers.evaluator = new
+        if new is not None:
+            self.workers.names[new] = "evaluator"
