@@ -28,7 +28,7 @@ receiver a flat buffer and the loaded copy, so the 500 MB case needs about
 
 Usage::
 
-    python bench/weight_sync.py                       # 50 and 500 MB, bf16 and f32: ~5 min
+    python bench/weight_sync.py                       # 50 and 500 MB, bf16 and f32: ~7 min
     python bench/weight_sync.py --sizes 50 --repeats 3 --dtypes bf16   # a quick look
 """
 
