@@ -4,8 +4,11 @@ with an error that names the worker that was on it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +19,7 @@ import torch
 from endless_run import endless_tiny_run
 from transformers import AutoModelForCausalLM
 
-from zbrl.testing.procs import kill_tree
+from zbrl.testing.procs import descendants, kill_tree, process_name
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +54,17 @@ def cluster(tmp_path_factory):
         assert line, f"the cluster did not start:\n{log.read_text()[-3000:]}"
         yield proc, json.loads(line)
     finally:
+        # the helper, its nodes' processes and their workers (by pid and name: a pid reused by
+        # another program is left alone)
+        started = {pid: process_name(pid) for pid in descendants(proc.pid)}
+        proc.stdin.close()  # end of input: the helper shuts its cluster down
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
         kill_tree(proc)
+        for pid, name in started.items():  # anything that outlived the helper
+            if process_name(pid) == name:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _train(tmp_path: Path, overrides: list[str]) -> subprocess.Popen:

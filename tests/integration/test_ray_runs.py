@@ -147,5 +147,8 @@ def test_resources_the_cluster_cannot_grant_fail_before_any_worker(tmp_path, cac
         "launch.placement_timeout_s=3",
         "eval.sets={}",
     ]
-    with pytest.raises(RunError, match=r"did not grant.*producer.*GPU.*launch.num_producers"):
+    with pytest.raises(
+        RunError,
+        match=r"did not grant.*'GPU': 1.0.*producers.*has \{'CPU': \d.*launch.num_producers",
+    ):
         run_training(load_config(DEMO, overrides))

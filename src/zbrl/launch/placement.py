@@ -105,11 +105,16 @@ def reserve(cfg: RunConfig) -> Placement:
             f"{la.num_producers} x {_bundle(la.producer_num_cpus, la.producer_num_gpus)} "
             f"(producers, {la.placement}) and {la.num_consumers} x "
             f"{_bundle(la.consumer_num_cpus, la.consumer_num_gpus)} (consumers, packed); "
-            f"the cluster has {ray.cluster_resources()} in all, {ray.available_resources()} "
-            "free. Lower launch.num_producers / num_consumers or *_num_cpus / *_num_gpus, or "
-            "add nodes"
+            f"the cluster has {_plain(ray.cluster_resources())} in all, "
+            f"{_plain(ray.available_resources())} free. Lower launch.num_producers / "
+            "num_consumers or *_num_cpus / *_num_gpus, or add nodes"
         )
     return placement
+
+
+def _plain(resources: dict[str, float]) -> dict[str, float]:
+    """CPU and GPU counts (not Ray's per-placement-group and per-node entries)."""
+    return {k: resources[k] for k in ("CPU", "GPU") if k in resources}
 
 
 def describe_process() -> dict[str, Any]:
