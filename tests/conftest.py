@@ -15,13 +15,22 @@ def _has_cuda() -> bool:
         return False
 
 
+def _has_vllm() -> bool:
+    from zbrl.rollout.backends.vllm_backend import vllm_available
+
+    return vllm_available()
+
+
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skips = {}
+    if not _has_cuda():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")
+    if not _has_vllm():
+        skips["vllm"] = pytest.mark.skip(reason="needs vLLM (make test-vllm)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -139,7 +139,18 @@ def test_override_without_equals_is_an_error():
             ["reward.soft_overlong_punishment=true", "reward.truncated_penalty=-0.5"],
             ["truncated_penalty", "at most -1.0"],
         ),
-        (["rollout.backend.type=vllm"], ["producer_num_gpus"]),
+        (
+            ["rollout.backend.type=vllm", "rollout.backend.tensor_parallel_size=2"],
+            ["tensor_parallel_size", "producer_num_gpus"],
+        ),
+        (
+            ["rollout.backend.type=vllm", "launch.producer_num_gpus=1"],
+            ["eval.sets={}", "zbrl eval"],
+        ),
+        (
+            ["rollout.backend.type=vllm", "rollout.backend.max_model_len=64"],
+            ["rollout.backend.max_model_len", "max_new_tokens"],
+        ),
         (["transport.buffer_capacity=2"], ["buffer_capacity", "train_batch_size"]),
         (["launch.num_consumers=2", "launch.parallel.dp_size=2"], ["num_consumers=1"]),
     ],

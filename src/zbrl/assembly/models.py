@@ -3,6 +3,7 @@ training engine (policy, optional frozen reference, optimizer, LR schedule) and 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -43,12 +44,35 @@ def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
     )
 
 
-def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
-    if cfg.rollout.backend.type != "transformers":
-        raise ValueError(
-            f"rollout.backend.type={cfg.rollout.backend.type!r} is not available in this version "
-            "of zbrl; use rollout.backend.type=transformers"
+def check_backend_installed(cfg: RunConfig) -> None:
+    """Pre-flight: a backend whose package is missing fails here, with the install command,
+    before any worker starts (``zbrl train`` and ``zbrl eval`` call it first)."""
+    from zbrl.rollout.backends.vllm_backend import INSTALL_HINT, vllm_available
+
+    if cfg.rollout.backend.type == "vllm" and not vllm_available():
+        raise RuntimeError(
+            f"rollout.backend.type=vllm, but vLLM is not installed in this environment "
+            f"({sys.executable}): {INSTALL_HINT}"
         )
+
+
+def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
+    """The inference backend of a producer or the evaluator, in the calling process."""
+    backend = cfg.rollout.backend
+    if backend.type == "vllm":
+        from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+
+        settings = VllmSettings(
+            dtype=cfg.model.dtype,
+            seed=torch.initial_seed() % 2**31,  # the process's seed (set per worker)
+            max_model_len=backend.max_model_len,
+            enforce_eager=backend.enforce_eager,
+            gpu_memory_utilization=backend.gpu_memory_utilization,
+            tensor_parallel_size=backend.tensor_parallel_size,
+            cpu_kv_cache_gib=backend.cpu_kv_cache_gib,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+        return VllmBackend(model_dir, tokenizer_dir, settings)
     from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
     tokenizer = load_tokenizer(cfg, tokenizer_dir)

@@ -99,10 +99,35 @@ def check_topology(cfg: RunConfig) -> None:
             "needs the data-parallel engine, which this version does not ship yet; "
             "set num_consumers=1"
         )
-    if cfg.rollout.backend.type == "vllm" and la.producer_num_gpus <= 0:
+    backend = cfg.rollout.backend
+    tp = backend.tensor_parallel_size if backend.type == "vllm" else 1
+    if tp > 1 and la.producer_num_gpus < tp:
         raise ValueError(
-            "rollout.backend.type=vllm needs a GPU per producer; set launch.producer_num_gpus "
-            "(for example 1) or use rollout.backend.type=transformers"
+            f"rollout.backend.tensor_parallel_size ({tp}) needs as many GPUs per producer; "
+            f"launch.producer_num_gpus is {la.producer_num_gpus}: raise it or set "
+            "tensor_parallel_size=1"
+        )
+
+
+def check_vllm_lengths(cfg: RunConfig) -> None:
+    backend = cfg.rollout.backend
+    budget = cfg.rollout.generation.max_new_tokens
+    limit = backend.max_model_len if backend.type == "vllm" else None
+    if limit is not None and limit <= budget:
+        raise ValueError(
+            f"rollout.backend.max_model_len ({limit}) leaves no room for a prompt next to "
+            f"rollout.generation.max_new_tokens ({budget}); raise it above the longest prompt "
+            "plus max_new_tokens, or leave it null (the model's length)"
+        )
+
+
+def check_vllm_evaluator(cfg: RunConfig) -> None:
+    backend = cfg.rollout.backend
+    if backend.type == "vllm" and cfg.launch.producer_num_gpus > 0 and cfg.eval.sets:
+        raise ValueError(
+            "rollout.backend.type=vllm on GPUs with eval.sets: the in-run evaluator is placed "
+            "without a GPU, where vLLM's GPU build cannot start; set eval.sets={} and evaluate "
+            "saved checkpoints with `zbrl eval --model RUN_DIR/checkpoints/step-N`"
         )
 
 
@@ -147,6 +172,8 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_group_size,
     check_length_shaping,
     check_topology,
+    check_vllm_lengths,
+    check_vllm_evaluator,
     check_staleness_buffer,
     check_weight_sync,
 )

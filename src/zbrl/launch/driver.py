@@ -56,10 +56,11 @@ def run_training(
     ``sibling_if_used``, which gives the run a fresh sibling (as for a finished run without
     checkpoints). Raises RunInterrupted after a clean stop on SIGINT/SIGTERM, RunFailed when a
     worker failed."""
-    from zbrl.assembly.models import quiet_transformers
+    from zbrl.assembly.models import check_backend_installed, quiet_transformers
     from zbrl.assembly.rewards import check_reward
 
     quiet_transformers()
+    check_backend_installed(cfg)  # a missing vLLM fails here, with the install command
     check_reward(cfg)  # a reward that cannot be built fails here, before any file or worker
     preflight(cfg)  # so does an unreachable address or a missing GPU
     with prepare_run_dir(cfg, resume, sibling_if_used) as run_dir:

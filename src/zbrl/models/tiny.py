@@ -9,6 +9,7 @@ locally built tokenizer as is (see :mod:`zbrl.models.tokenizer`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -66,7 +67,21 @@ def save_model_dir(
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir, safe_serialization=True)
     tokenizer.save_pretrained(model_dir)
+    portable_tokenizer_class(model_dir)
     return model_dir
+
+
+def portable_tokenizer_class(model_dir: str | Path) -> None:
+    """Name the saved tokenizer's class ``PreTrainedTokenizerFast``.
+
+    transformers 5 writes ``tokenizer_class: "TokenizersBackend"``, a name other loaders (vLLM's
+    tokenizer loading among them, transformers 4) do not know; ``PreTrainedTokenizerFast`` loads
+    the same ``tokenizer.json`` everywhere.
+    """
+    path = Path(model_dir) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def create_embedded_model(model_dir: str | Path, *, seed: int = 0, **arch) -> Path:

@@ -39,7 +39,7 @@ from zbrl.models.tiny import build_tiny_model, save_model_dir
 from zbrl.models.tokenizer import build_tokenizer
 
 MARKER = "WARM_START_COMPLETE"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 """Bump when the warm-start code changes in a way that changes its result."""
 PROBE_SIZE = 64
 """Train-split problems held back from the warm start's rows to decide when to stop."""

