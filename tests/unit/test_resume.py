@@ -108,6 +108,15 @@ def test_train_into_a_run_dir_with_checkpoints_is_refused_naming_both_ways_out(t
 
 
 def test_first_signal_asks_to_stop_and_the_second_exits_at_once():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # whatever an earlier test left
+    try:
+        _first_signal_stops_second_exits()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored on leaving
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _first_signal_stops_second_exits():
     with StopSignals() as signals:
         with pytest.raises(Interrupted):  # outside the graceful phase: at once
             os.kill(os.getpid(), signal.SIGTERM)
@@ -117,7 +126,6 @@ def test_first_signal_asks_to_stop_and_the_second_exits_at_once():
             with pytest.raises(Interrupted) as second:
                 os.kill(os.getpid(), signal.SIGINT)
         assert second.value.signum == signal.SIGINT
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_resume_with_only_a_corrupt_checkpoint_says_so_and_touches_nothing(tmp_path, capsys):

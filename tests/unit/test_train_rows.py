@@ -85,6 +85,8 @@ def row(prompt, response, adv=0.0, trained=True, temperature=1.0):
         advantage=adv,
         temperature=temperature,
         trained=trained,
+        reward=adv,
+        behind=0,
     )
 
 

@@ -15,18 +15,34 @@ then reduced with :func:`~zbrl.algorithms.aggregation.aggregate` and the step's 
 The log-ratio ``logπ - logπ_old`` is clamped to ``[-20, 20]`` before ``exp`` (such a token is
 clipped anyway unless dual-clip is off and A < 0; the clamp keeps ρ finite so ``ρ·0`` is never NaN).
 
+Off-policy correction (``LossConfig.correction``, see :mod:`zbrl.algorithms.correction`):
+``decoupled`` takes the clip against ``LossInputs.proximal_logprobs_BT`` and multiplies ``pg`` by
+the capped behaviour→proximal weight; ``tis`` / ``mis`` replace the clip by the truncated / masked
+ratio to the behaviour policy (``ppo_clip`` only). ``none`` is the loss above, unchanged.
+
+``gspo`` — GSPO (Zheng et al. 2025) in its token form: the sequence ratio
+``s = exp(mean_t log(π/π_old))`` is clipped as PPO clips ``ρ``; each token carries
+``s_t = sg[s]·π_t/sg[π_t]`` (value ``s``, gradient ``s·∇log π_t``), so with one advantage per
+sequence and ``seq-mean-token-mean`` it is the paper's sequence objective.
+
 User losses: register with ``@POLICY_LOSSES.register("name")`` or pass ``"module:function"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from zbrl.algorithms.aggregation import Normalisers, aggregate
+from zbrl.algorithms.correction import (
+    WeightStats,
+    behaviour_weight,
+    correction_metrics,
+    is_surrogate,
+)
 from zbrl.algorithms.kl import kl_estimate
 from zbrl.config.algorithm import AlgorithmConfig, PpoClipLoss
 from zbrl.registry import Registry
@@ -45,6 +61,8 @@ class LossInputs:
     mask_BT: 1 (True) for tokens that are trained on, 0 for prompt/padding/filtered tokens.
     ref_logprobs_BT: reference-model log-probs; required when ``beta > 0``.
     entropy_BT: per-token policy entropy; required when ``entropy_coef > 0``, logged when given.
+    proximal_logprobs_BT: the proximal policy's log-probs (the trainer's policy at the start of
+        the step); required by ``correction="decoupled"``.
     """
 
     logprobs_BT: torch.Tensor
@@ -53,6 +71,7 @@ class LossInputs:
     mask_BT: torch.Tensor
     ref_logprobs_BT: torch.Tensor | None = None
     entropy_BT: torch.Tensor | None = None
+    proximal_logprobs_BT: torch.Tensor | None = None
 
 
 _PPO_CLIP = PpoClipLoss()
@@ -72,6 +91,8 @@ class LossConfig:
     kl_estimator: "k1", "k2" or "k3" (see :mod:`zbrl.algorithms.kl`).
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
     aggregation: one of :data:`~zbrl.algorithms.aggregation.AGGREGATION_MODES`.
+    correction / correction_level / correction_cap: off-policy correction (see
+        :mod:`zbrl.algorithms.correction`).
     options: free options of a user loss given by import path (``algorithm.policy_loss.options``).
     """
 
@@ -82,6 +103,9 @@ class LossConfig:
     kl_estimator: str = _ALGORITHM.kl_estimator
     entropy_coef: float = _ALGORITHM.entropy_coef
     aggregation: str = _ALGORITHM.loss_aggregation
+    correction: str = _ALGORITHM.correction
+    correction_level: str = _ALGORITHM.correction_level
+    correction_cap: float = _ALGORITHM.correction_cap
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -102,7 +126,8 @@ def _check_shapes(inputs: LossInputs) -> None:
     shape = tuple(inputs.mask_BT.shape)
     if len(shape) != 2:
         raise ValueError(f"LossInputs.mask_BT must have shape [B, T]; got {shape}")
-    for name in ("logprobs_BT", "old_logprobs_BT", "ref_logprobs_BT", "entropy_BT"):
+    names = ("logprobs_BT", "old_logprobs_BT", "ref_logprobs_BT", "entropy_BT")
+    for name in (*names, "proximal_logprobs_BT"):
         tensor = getattr(inputs, name)
         if tensor is not None and tuple(tensor.shape) != shape:
             raise ValueError(
@@ -123,40 +148,143 @@ def _masked_mean(values_BT: torch.Tensor, valid_BT: torch.Tensor, count: torch.T
 
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutputs:
-    """PPO clipped surrogate (+ dual-clip, KL penalty, entropy bonus); see the module docstring.
+    """PPO clipped surrogate (+ dual-clip, KL penalty, entropy bonus, off-policy correction);
+    see the module docstring.
 
     Metrics (means over this micro-batch's valid tokens; weight them by ``num_tokens`` to
     combine micro-batches; all 0.0 when there is no valid token):
     ``clip_frac_low`` (ρ < 1-ε_low and A < 0: the lower clip is active),
     ``clip_frac_high`` (ρ > 1+ε_high and A > 0), ``dual_clip_frac`` (A < 0 and the dual clip
-    bounds the loss), ``ratio_mean``, ``ratio_max``, ``approx_kl`` (k3 estimate of
+    bounds the loss), ``ratio_mean``, ``ratio_max`` (ρ against the clip anchor: the behaviour
+    policy, or the proximal one for ``decoupled``), ``approx_kl`` (k3 estimate of
     KL(behaviour ‖ current) = ``(ρ - 1) - log ρ``, from tokens sampled by the behaviour policy),
     ``pg_loss`` (mean clipped surrogate), ``kl`` (vs reference, when ``beta > 0``),
-    ``entropy`` (when ``entropy_BT`` is given), ``num_tokens``.
+    ``entropy`` (when ``entropy_BT`` is given), ``num_tokens``; with a correction also
+    ``is_weight_mean``, ``is_weight_max``, ``is_capped_frac`` or ``is_masked_frac`` and, for
+    ``decoupled``, ``behav_prox_k3``.
     """
     _check_shapes(inputs)
+    valid_BT, logprobs_BT, advantages_BT = _prepared(inputs)
+    if cfg.correction in ("tis", "mis"):
+        pg_BT, ratio_BT, stats = is_surrogate(
+            logprobs_BT,
+            inputs.old_logprobs_BT.float(),
+            advantages_BT,
+            valid_BT,
+            masked=cfg.correction == "mis",
+            level=cfg.correction_level,
+            cap=cfg.correction_cap,
+        )
+        dual_active_BT = torch.zeros_like(valid_BT)
+    else:
+        anchor_BT = _clip_anchor(inputs, cfg)
+        # Masked positions get log-ratio 0 so padding garbage (e.g. -inf) never reaches exp.
+        log_ratio_BT = torch.where(valid_BT, logprobs_BT - anchor_BT, 0.0)
+        ratio_BT = torch.exp(log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+        pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, cfg)
+        pg_BT, stats = _behaviour_weighted(pg_BT, inputs, cfg, valid_BT)
+    loss_BT, kl_BT = _with_penalties(pg_BT, logprobs_BT, inputs, cfg, valid_BT)
+    loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
+    metrics = _ppo_metrics(
+        inputs, cfg, valid_BT, ratio_BT, advantages_BT, dual_active_BT, pg_BT, kl_BT, stats
+    )
+    return LossOutputs(loss=loss, metrics=metrics)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutputs:
+    """GSPO, token form (see the module docstring): the PPO clip of ``ppo_clip`` applied to the
+    per-sequence geometric-mean ratio. Same metrics as ``ppo_clip`` (clip fractions and ratios
+    of the sequence ratio, counted per token). ``decoupled`` anchors the ratio at the proximal
+    policy and weights by the capped behaviour→proximal weight; ``tis``/``mis`` are refused."""
+    _check_shapes(inputs)
+    if cfg.correction in ("tis", "mis"):
+        raise ValueError(
+            f"gspo clips its own sequence ratio; correction={cfg.correction!r} does not apply "
+            "(use 'decoupled' or 'none')"
+        )
+    valid_BT, logprobs_BT, advantages_BT = _prepared(inputs)
+    anchor_BT = _clip_anchor(inputs, cfg)
+    log_ratio_BT = torch.where(valid_BT, logprobs_BT - anchor_BT, 0.0)
+    count_B1 = valid_BT.sum(dim=1, keepdim=True).clamp_min(1)
+    seq_log_ratio_B1 = (log_ratio_BT.sum(dim=1, keepdim=True) / count_B1).detach()
+    # value exp(mean log ratio), gradient exp(mean log ratio)·∇log π_t per token
+    token_log_ratio_BT = seq_log_ratio_B1 + logprobs_BT - logprobs_BT.detach()
+    token_log_ratio_BT = torch.where(valid_BT, token_log_ratio_BT, 0.0)
+    ratio_BT = torch.exp(token_log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+    no_dual = replace(cfg, dual_clip_c=None)
+    pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, no_dual)
+    pg_BT, stats = _behaviour_weighted(pg_BT, inputs, cfg, valid_BT)
+    loss_BT, kl_BT = _with_penalties(pg_BT, logprobs_BT, inputs, cfg, valid_BT)
+    loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
+    metrics = _ppo_metrics(
+        inputs, cfg, valid_BT, ratio_BT, advantages_BT, dual_active_BT, pg_BT, kl_BT, stats
+    )
+    return LossOutputs(loss=loss, metrics=metrics)
+
+
+def _prepared(inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(valid_BT, float32 logprobs_BT, detached float32 advantages_BT broadcast to [B, T])."""
     valid_BT = inputs.mask_BT != 0
     logprobs_BT = inputs.logprobs_BT.float()
-    old_logprobs_BT = inputs.old_logprobs_BT.detach().float()
     advantages_BT = inputs.advantages_B_or_BT.detach().float()
     if advantages_BT.dim() == 1:
         advantages_BT = advantages_BT.unsqueeze(1)
-    advantages_BT = advantages_BT.expand_as(logprobs_BT)
+    return valid_BT, logprobs_BT, advantages_BT.expand_as(logprobs_BT)
 
-    # Masked positions get log-ratio 0 so padding garbage (e.g. -inf) never reaches exp.
-    log_ratio_BT = torch.where(valid_BT, logprobs_BT - old_logprobs_BT, 0.0)
-    ratio_BT = torch.exp(log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+
+def _clip_anchor(inputs: LossInputs, cfg: LossConfig) -> torch.Tensor:
+    """The log-probs the ratio is taken against: the proximal policy's for ``decoupled``, the
+    behaviour policy's otherwise (detached, float32)."""
+    if cfg.correction == "decoupled":
+        if inputs.proximal_logprobs_BT is None:
+            raise ValueError(
+                "correction='decoupled' needs LossInputs.proximal_logprobs_BT (the step-start "
+                "policy's log-probs); compute them or set correction='none'"
+            )
+        return inputs.proximal_logprobs_BT.detach().float()
+    return inputs.old_logprobs_BT.detach().float()
+
+
+def _clipped_surrogate(
+    ratio_BT: torch.Tensor, advantages_BT: torch.Tensor, valid_BT: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token clipped surrogate, where the dual clip is active)."""
     clipped_ratio_BT = ratio_BT.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
     pg_BT = torch.maximum(-ratio_BT * advantages_BT, -clipped_ratio_BT * advantages_BT)
-
     negative_adv_BT = advantages_BT < 0
-    if cfg.dual_clip_c is not None:
-        dual_bound_BT = -cfg.dual_clip_c * advantages_BT
-        dual_active_BT = negative_adv_BT & (pg_BT > dual_bound_BT) & valid_BT
-        pg_BT = torch.where(negative_adv_BT, torch.minimum(pg_BT, dual_bound_BT), pg_BT)
-    else:
-        dual_active_BT = torch.zeros_like(valid_BT)
+    if cfg.dual_clip_c is None:
+        return pg_BT, torch.zeros_like(valid_BT)
+    dual_bound_BT = -cfg.dual_clip_c * advantages_BT
+    dual_active_BT = negative_adv_BT & (pg_BT > dual_bound_BT) & valid_BT
+    pg_BT = torch.where(negative_adv_BT, torch.minimum(pg_BT, dual_bound_BT), pg_BT)
+    return pg_BT, dual_active_BT
 
+
+def _behaviour_weighted(
+    pg_BT: torch.Tensor, inputs: LossInputs, cfg: LossConfig, valid_BT: torch.Tensor
+) -> tuple[torch.Tensor, WeightStats | None]:
+    """``pg`` times the capped behaviour→proximal weight for ``decoupled``; unchanged otherwise."""
+    if cfg.correction != "decoupled":
+        return pg_BT, None
+    weight_BT, stats = behaviour_weight(
+        torch.where(valid_BT, inputs.old_logprobs_BT.float(), 0.0),
+        torch.where(valid_BT, _clip_anchor(inputs, cfg), 0.0),
+        valid_BT,
+        cfg.correction_level,
+        cfg.correction_cap,
+    )
+    return pg_BT * weight_BT, stats
+
+
+def _with_penalties(
+    pg_BT: torch.Tensor,
+    logprobs_BT: torch.Tensor,
+    inputs: LossInputs,
+    cfg: LossConfig,
+    valid_BT: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``pg + β·KL - entropy_coef·H`` per token, and the KL (None when ``beta`` is 0)."""
     loss_BT = pg_BT
     kl_BT = None
     if cfg.beta > 0:
@@ -179,12 +307,7 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
                 "logprobs_and_entropy(..., with_entropy=True) or set entropy_coef = 0"
             )
         loss_BT = loss_BT - cfg.entropy_coef * torch.where(valid_BT, inputs.entropy_BT.float(), 0.0)
-
-    loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
-    metrics = _ppo_metrics(
-        inputs, cfg, valid_BT, ratio_BT, advantages_BT, dual_active_BT, pg_BT, kl_BT
-    )
-    return LossOutputs(loss=loss, metrics=metrics)
+    return loss_BT, kl_BT
 
 
 @torch.no_grad()
@@ -197,11 +320,15 @@ def _ppo_metrics(
     dual_active_BT: torch.Tensor,
     pg_BT: torch.Tensor,
     kl_BT: torch.Tensor | None,
+    stats: WeightStats | None = None,
 ) -> dict[str, float]:
     num_tokens = valid_BT.sum()
     count = num_tokens.clamp_min(1).float()
+    ratio_BT = ratio_BT.detach()
     clip_low_BT = (ratio_BT < 1.0 - cfg.clip_eps_low) & (advantages_BT < 0)
     clip_high_BT = (ratio_BT > 1.0 + cfg.clip_eps_high) & (advantages_BT > 0)
+    if cfg.correction in ("tis", "mis"):  # no clip: the cap bounds the ratio instead
+        clip_low_BT = clip_high_BT = torch.zeros_like(valid_BT)
     # k3 of KL(behaviour ‖ current): the tokens were sampled from the behaviour policy, so the
     # estimator's "sampling" argument is old_logprobs and its "other" argument the current one.
     approx_kl_BT = kl_estimate(
@@ -216,12 +343,23 @@ def _ppo_metrics(
         "ratio_mean": _masked_mean(ratio_BT, valid_BT, count),
         "ratio_max": torch.where(valid_BT, ratio_BT, 0.0).max() if valid_BT.numel() else count * 0,
         "approx_kl": _masked_mean(approx_kl_BT, valid_BT, count),
-        "pg_loss": _masked_mean(pg_BT, valid_BT, count),
+        "pg_loss": _masked_mean(pg_BT.detach(), valid_BT, count),
     }
     if kl_BT is not None:
-        values["kl"] = _masked_mean(kl_BT, valid_BT, count)
+        values["kl"] = _masked_mean(kl_BT.detach(), valid_BT, count)
     if inputs.entropy_BT is not None:
         values["entropy"] = _masked_mean(inputs.entropy_BT, valid_BT, count)
+    if cfg.correction != "none":
+        proximal_BT = inputs.proximal_logprobs_BT if cfg.correction == "decoupled" else None
+        values.update(
+            correction_metrics(
+                stats,
+                valid_BT,
+                inputs.old_logprobs_BT,
+                proximal_BT,
+                masked=cfg.correction == "mis",
+            )
+        )
     values["num_tokens"] = num_tokens.float()
     names = list(values)
     floats = torch.stack([v.float().reshape(()) for v in values.values()]).tolist()  # one sync

@@ -100,7 +100,9 @@ def build_engine(
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=a.lr, weight_decay=a.weight_decay, betas=a.adam_betas
     )
-    optimizer_steps = total_steps * (cfg.training.train_batch_size // cfg.minibatch_size)
+    optimizer_steps = (
+        total_steps * (cfg.training.train_batch_size // cfg.minibatch_size) * a.ppo_epochs
+    )
     sched = a.lr_schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -112,7 +114,40 @@ def build_engine(
             min_ratio=sched.min_lr_ratio,
         ),
     )
-    return SingleProcessEngine(policy, optimizer, scheduler, reference=reference, device=device)
+    critic, critic_optimizer = build_critic(cfg, model_dir, device)
+    return SingleProcessEngine(
+        policy,
+        optimizer,
+        scheduler,
+        reference=reference,
+        critic=critic,
+        critic_optimizer=critic_optimizer,
+        device=device,
+    )
+
+
+def build_critic(cfg: RunConfig, model_dir: Path, device: torch.device):
+    """PPO's value model (the policy's backbone and a zero-initialised scalar head, see
+    :mod:`zbrl.models.value_model`) and its AdamW, or (None, None) without ``algorithm.critic``."""
+    critic_cfg = cfg.algorithm.critic
+    if critic_cfg is None:
+        return None, None
+    from zbrl.models.value_model import ValueModel
+
+    critic = ValueModel.from_pretrained(
+        model_dir,
+        dtype=getattr(torch, cfg.model.dtype),
+        trust_remote_code=cfg.model.trust_remote_code,
+    ).to(device)
+    if cfg.model.gradient_checkpointing:
+        critic.backbone.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(
+        critic.parameters(),
+        lr=critic_cfg.lr,
+        weight_decay=critic_cfg.weight_decay,
+        betas=cfg.algorithm.adam_betas,
+    )
+    return critic, optimizer
 
 
 def build_trainer(

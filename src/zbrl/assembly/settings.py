@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from zbrl.algorithms.policy_loss import LossConfig
-from zbrl.config import ImportAdvantage, PpoClipLoss, RunConfig
+from zbrl.config import GaeAdvantage, GspoLoss, ImportAdvantage, PpoClipLoss, RunConfig
 from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.producer import ProducerSettings
 from zbrl.training.consumer import ConsumerSettings
+from zbrl.training.step_start import CriticSettings
 from zbrl.training.train_step import StepSettings
 from zbrl.transport.buffer import BufferSettings
 from zbrl.transport.weight_sync.broadcast import BroadcastSettings
@@ -91,8 +92,12 @@ def consumer_settings(cfg: RunConfig, run_dir: str | Path) -> ConsumerSettings:
 def loss_config(cfg: RunConfig) -> LossConfig:
     a = cfg.algorithm
     loss = a.policy_loss
+    kl_in_reward = isinstance(a.advantage, GaeAdvantage) and a.advantage.kl_in_reward
     shared = {
-        "beta": a.beta,
+        "beta": 0.0 if kl_in_reward else a.beta,  # else beta weighs the KL in the reward
+        "correction": a.correction,
+        "correction_level": a.correction_level,
+        "correction_cap": a.correction_cap,
         "kl_estimator": a.kl_estimator,
         "entropy_coef": a.entropy_coef,
         "aggregation": a.loss_aggregation,
@@ -104,6 +109,13 @@ def loss_config(cfg: RunConfig) -> LossConfig:
             dual_clip_c=loss.dual_clip_c,
             **shared,
         )
+    if isinstance(loss, GspoLoss):
+        return LossConfig(
+            clip_eps_low=loss.clip_eps_low,
+            clip_eps_high=loss.clip_eps_high,
+            dual_clip_c=None,
+            **shared,
+        )
     return LossConfig(options=dict(loss.options), **shared)
 
 
@@ -113,6 +125,20 @@ def advantage_options(cfg: RunConfig) -> dict[str, Any]:
     if isinstance(advantage, ImportAdvantage):
         return dict(advantage.options)
     return advantage.model_dump(exclude={"type"})
+
+
+def critic_settings(cfg: RunConfig) -> CriticSettings | None:
+    a = cfg.algorithm
+    if a.critic is None or not isinstance(a.advantage, GaeAdvantage):
+        return None
+    return CriticSettings(
+        gamma=a.advantage.gamma,
+        lam=a.advantage.lam,
+        whiten=a.advantage.whiten,
+        kl_coef=a.beta if a.advantage.kl_in_reward else 0.0,
+        value_clip=a.critic.value_clip,
+        max_norm=a.critic.max_norm,
+    )
 
 
 def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
@@ -130,6 +156,9 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         norm_tokens=float(cfg.rollout.generation.max_new_tokens),
         logprob_chunk_size=cfg.training.logprob_chunk_size,
         pad_id=pad_id,
+        ppo_epochs=a.ppo_epochs,
+        proximal=a.proximal,
+        critic=critic_settings(cfg),
     )
 
 

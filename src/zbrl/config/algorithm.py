@@ -12,7 +12,12 @@ from zbrl.config.plugin import as_plugin_dict, check_import_path, plugin_union
 AggregationMode = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
-PresetName = Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp"]
+PresetName = Literal["grpo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "ppo"]
+CorrectionName = Literal["none", "decoupled", "tis", "mis"]
+CorrectionLevel = Literal["token", "sequence", "geometric"]
+
+CORRECTIONS_WITH_PROXIMAL = frozenset({"decoupled"})
+"""Corrections that need the proximal policy (the trainer's policy at the start of the step)."""
 
 GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo"})
 """Estimators whose baseline comes from the group: with G = 1 every advantage is zero."""
@@ -78,8 +83,30 @@ class ImportAdvantage(Section):
     _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
 
 
+class GaeAdvantage(Section):
+    """GAE (Schulman et al. 2016) over response tokens with a learned critic (``algorithm.critic``):
+    ``δ_t = r_t + γ V_{t+1} - V_t``, ``A_t = δ_t + γλ A_{t+1}``, the end of a response terminal."""
+
+    type: Literal["gae"] = "gae"
+    """Estimator discriminator."""
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """Discount γ per token."""
+    lam: float = Field(default=0.95, ge=0, le=1)
+    """GAE λ (1: Monte-Carlo returns minus values; 0: one-step TD)."""
+    whiten: bool = True
+    """Whiten the advantages over the valid tokens of the whole train batch."""
+    kl_in_reward: bool = False
+    """Fold ``algorithm.beta`` times the per-token KL (k1: behaviour minus reference log-prob)
+    into the token rewards instead of adding a KL penalty to the loss."""
+
+
 AdvantageConfig = plugin_union(
-    GrpoAdvantage, DrGrpoAdvantage, RlooAdvantage, ReinforcePPAdvantage, ImportAdvantage
+    GrpoAdvantage,
+    DrGrpoAdvantage,
+    RlooAdvantage,
+    ReinforcePPAdvantage,
+    GaeAdvantage,
+    ImportAdvantage,
 )
 
 
@@ -96,6 +123,18 @@ class PpoClipLoss(Section):
     """Dual-clip constant c > 1 bounding the loss of negative advantages; None disables it."""
 
 
+class GspoLoss(Section):
+    """GSPO (Zheng et al. 2025): the PPO clip on the sequence ratio
+    ``s = exp(mean_t log(π/π_old))``, every token of a sequence sharing its clipped surrogate."""
+
+    type: Literal["gspo"] = "gspo"
+    """Loss discriminator."""
+    clip_eps_low: float = Field(default=3e-4, ge=0, lt=1)
+    """Lower clip of the sequence ratio (the paper uses 3e-4)."""
+    clip_eps_high: float = Field(default=4e-4, ge=0)
+    """Upper clip of the sequence ratio (the paper uses 4e-4)."""
+
+
 class ImportPolicyLoss(Section):
     """A user loss ``fn(inputs, loss_config, normalisers) -> LossOutputs``, by import path; its
     ``options`` reach it as ``loss_config.options``."""
@@ -108,7 +147,22 @@ class ImportPolicyLoss(Section):
     _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
 
 
-PolicyLossConfig = plugin_union(PpoClipLoss, ImportPolicyLoss)
+PolicyLossConfig = plugin_union(PpoClipLoss, GspoLoss, ImportPolicyLoss)
+
+
+class CriticConfig(Section):
+    """The value model of PPO with GAE: the policy's backbone (a separate copy, loaded from the
+    same checkpoint) with a scalar head, trained by the consumer in the same step as the policy
+    with its own AdamW optimizer (constant learning rate)."""
+
+    lr: float = Field(default=1e-4, gt=0)
+    """Critic learning rate."""
+    value_clip: float | None = Field(default=0.2, gt=0)
+    """Clip of the new values around the step-start values in the value loss; None: unclipped."""
+    max_norm: float = Field(default=1.0, gt=0)
+    """Critic gradient-norm clipping threshold."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Critic AdamW weight decay."""
 
 
 class AlgorithmConfig(Section):
@@ -121,7 +175,27 @@ class AlgorithmConfig(Section):
     """Advantage estimator (``type``: grpo, dr_grpo, rloo, reinforce_pp, or
     ``package.module:function``) with its own options."""
     policy_loss: PolicyLossConfig = Field(default_factory=PpoClipLoss)
-    """Policy loss (``type``: ppo_clip or ``package.module:function``) with its own options."""
+    """Policy loss (``type``: ppo_clip, gspo or ``package.module:function``) with its own
+    options."""
+    correction: CorrectionName = "none"
+    """Off-policy correction for samples a different (older) policy generated: ``none``;
+    ``decoupled`` (AReaL: clip against the proximal policy, the behaviour→proximal weight
+    truncated at ``correction_cap`` multiplies the loss); ``tis`` / ``mis`` (the clip replaced
+    by the importance ratio to the behaviour policy, truncated at / masked above the cap)."""
+    correction_level: CorrectionLevel = "token"
+    """Where the correction's importance weight is taken: per ``token``, per ``sequence``
+    (exp of the summed token log-ratios) or ``geometric`` (their per-sequence geometric mean)."""
+    correction_cap: float = Field(default=2.0, gt=0)
+    """Cap C > 1 on the importance weight (truncated at C, or the token/sequence masked above
+    it for ``mis``); ``inf`` disables it."""
+    proximal: Literal["recompute", "loglinear"] = "recompute"
+    """How ``decoupled`` gets the proximal log-probs: a no-grad forward pass of the step-start
+    policy (``recompute``), or AReaL's log-linear interpolation between the behaviour and the
+    current log-probs by policy version (``loglinear``, no extra pass)."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over each train batch (each pass one optimizer step per mini-batch)."""
+    critic: CriticConfig | None = None
+    """The value model; required by (and only used with) ``advantage.type=gae``."""
     beta: float = Field(default=0.0, ge=0)
     """KL penalty coefficient to the reference policy; 0 disables the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"

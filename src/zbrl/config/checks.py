@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zbrl.config.algorithm import GROUP_ESTIMATORS, ReinforcePPAdvantage
+from zbrl.config.algorithm import (
+    CORRECTIONS_WITH_PROXIMAL,
+    GROUP_ESTIMATORS,
+    GaeAdvantage,
+    GspoLoss,
+    ReinforcePPAdvantage,
+)
 from zbrl.config.rewards import LengthShapingOptions
 
 if TYPE_CHECKING:
@@ -166,6 +172,68 @@ def check_weight_sync(cfg: RunConfig) -> None:
         )
 
 
+def check_correction(cfg: RunConfig) -> None:
+    a = cfg.algorithm
+    if a.correction == "none":
+        return
+    backend = cfg.rollout.backend
+    if not backend.gives_behaviour_logprobs:
+        raise ValueError(
+            f"algorithm.correction={a.correction!r} needs the behaviour policy's log-probs, which "
+            f"rollout.backend.type={backend.type!r} does not return; use a backend that does "
+            "(transformers) or set algorithm.correction=none"
+        )
+    if a.correction_cap <= 1:
+        raise ValueError(
+            f"algorithm.correction_cap ({a.correction_cap}) must be > 1 for "
+            f"algorithm.correction={a.correction!r}: a cap <= 1 truncates (or masks) every "
+            "on-policy token; use e.g. 2 (or inf for no cap)"
+        )
+    if isinstance(a.policy_loss, GspoLoss) and a.correction in ("tis", "mis"):
+        raise ValueError(
+            f"algorithm.correction={a.correction!r} replaces the PPO clip by a truncated or "
+            "masked ratio, but algorithm.policy_loss.type=gspo clips its own sequence ratio; "
+            "use algorithm.correction=decoupled (or none) with gspo"
+        )
+
+
+def check_proximal(cfg: RunConfig) -> None:
+    a = cfg.algorithm
+    if a.proximal == "loglinear" and a.correction not in CORRECTIONS_WITH_PROXIMAL:
+        raise ValueError(
+            f"algorithm.proximal=loglinear only applies to algorithm.correction=decoupled (it "
+            f"is {a.correction!r}); remove algorithm.proximal or set correction=decoupled"
+        )
+
+
+def check_critic(cfg: RunConfig) -> None:
+    a = cfg.algorithm
+    gae = isinstance(a.advantage, GaeAdvantage)
+    if gae and a.critic is None:
+        raise ValueError(
+            "algorithm.advantage.type=gae needs a value model, and algorithm.critic is not set; "
+            "set algorithm.critic={} (or algorithm.preset=ppo), or choose a critic-free "
+            "estimator such as algorithm.advantage=grpo"
+        )
+    if not gae and a.critic is not None:
+        raise ValueError(
+            f"algorithm.critic is set but algorithm.advantage.type={a.advantage.type!r} does "
+            "not use values; set algorithm.advantage=gae or remove algorithm.critic"
+        )
+    if gae and a.advantage.kl_in_reward and a.beta <= 0:
+        raise ValueError(
+            "algorithm.advantage.kl_in_reward folds algorithm.beta x KL into the rewards, but "
+            "algorithm.beta is 0; set algorithm.beta > 0 (e.g. 0.01) or kl_in_reward=false"
+        )
+    parallel = cfg.launch.parallel
+    if a.critic is not None and (cfg.launch.num_consumers > 1 or parallel.fsdp_size > 1):
+        raise ValueError(
+            "algorithm.critic runs on the single-process training engine only; set "
+            "launch.num_consumers=1 (and launch.parallel.fsdp_size=1) or use a critic-free "
+            "estimator such as algorithm.advantage=grpo"
+        )
+
+
 RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_train_batching,
     check_inference_batching,
@@ -176,4 +244,7 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_vllm_evaluator,
     check_staleness_buffer,
     check_weight_sync,
+    check_correction,
+    check_proximal,
+    check_critic,
 )

@@ -3,7 +3,10 @@
 Sources of the settings: GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 2025: clip-higher
 0.28, token-level loss, dynamic sampling, overlong filtering and soft punishment), Dr.GRPO (Liu et
 al. 2025: no std normalisation, constant length normaliser), RLOO (Ahmadian et al. 2024),
-REINFORCE++ (Hu 2025: batch-whitened advantages, token-level loss).
+REINFORCE++ (Hu 2025: batch-whitened advantages, token-level loss), GSPO (Zheng et al. 2025:
+sequence-level ratio and clip, clip range 3e-4 / 4e-4, sequence-mean aggregation), PPO with a critic
+(Schulman et al. 2017; Ouyang et al. 2022: GAE with γ = 1, λ = 0.95, a per-token KL folded into
+the reward, whitened advantages, a clipped value loss).
 
 Merging is per field and recursive: a value the user set wins, and a preset's plug-in options
 (``algorithm.advantage``, ``algorithm.policy_loss``, ``reward``) apply only when the user chose the
@@ -64,6 +67,22 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "loss_aggregation": "token-mean",
             "beta": 0.01,
             "kl_estimator": "k2",
+        },
+    },
+    "gspo": {
+        "algorithm": {
+            "advantage": {"type": "grpo"},
+            "policy_loss": {"type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4},
+            "loss_aggregation": "seq-mean-token-mean",
+            "beta": 0.0,
+        },
+    },
+    "ppo": {
+        "algorithm": {
+            "advantage": {"type": "gae", "gamma": 1.0, "lam": 0.95, "whiten": True},
+            "policy_loss": {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.2},
+            "critic": {"value_clip": 0.2},
+            "loss_aggregation": "token-mean",
         },
     },
 }

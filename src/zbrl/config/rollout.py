@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -43,6 +43,10 @@ class TransformersBackend(Section):
     type: Literal["transformers"] = "transformers"
     """Backend discriminator."""
 
+    gives_behaviour_logprobs: ClassVar[bool] = True
+    """Whether completions carry the sampling policy's log-probs (off-policy corrections and
+    the PPO ratio need them)."""
+
 
 class VllmBackend(Section):
     """Generation with vLLM inside the producer's process: on GPU with the ``vllm`` extra, on CPU
@@ -50,6 +54,10 @@ class VllmBackend(Section):
 
     type: Literal["vllm"] = "vllm"
     """Backend discriminator."""
+
+    gives_behaviour_logprobs: ClassVar[bool] = True
+    """Whether completions carry the sampling policy's log-probs (off-policy corrections and
+    the PPO ratio need them)."""
     gpu_memory_utilization: float = Field(default=0.7, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (GPU only)."""
     tensor_parallel_size: int = Field(default=1, ge=1)

@@ -123,7 +123,7 @@ class Consumer:
     def _train(self, batch: TrainBatch) -> None:
         start = time.time()
         with self.recorder.span(TRAIN_STEP, step=self.version, groups=len(batch.groups)):
-            metrics = self.trainer.train(batch.groups)
+            metrics = self.trainer.train(batch.groups, policy_version=self.version)
         train_s = time.time() - start
         self.version += 1
         weights = self.trainer.engine.full_state_dict()  # a collective on sharded engines

@@ -21,6 +21,14 @@ class Row:
     advantage: float
     temperature: float
     trained: bool  # False: excluded from the loss (truncated or filtered in the loss)
+    reward: float
+    behind: int  # policy versions between the one that generated it and the trained one
+    # Filled at the start of a step when the algorithm needs them (all float32 [L]):
+    proximal_logprobs: torch.Tensor | None = None  # step-start policy (decoupled correction)
+    ref_logprobs: torch.Tensor | None = None  # reference policy (KL folded into the reward)
+    old_values: torch.Tensor | None = None  # step-start critic values (PPO with GAE)
+    returns: torch.Tensor | None = None  # value targets (GAE)
+    token_advantages: torch.Tensor | None = None  # per-token advantages (GAE)
 
 
 @dataclass
@@ -34,6 +42,12 @@ class MicroBatch:
     old_logprobs_BT: torch.Tensor
     advantages_B: torch.Tensor
     temperatures_B: torch.Tensor
+    behind_B: torch.Tensor  # int64
+    # Present when every row of the micro-batch has the field (see Row); 0 at padding.
+    proximal_logprobs_BT: torch.Tensor | None = None
+    old_values_BT: torch.Tensor | None = None
+    returns_BT: torch.Tensor | None = None
+    advantages_BT: torch.Tensor | None = None
 
 
 def build_rows(
@@ -42,9 +56,12 @@ def build_rows(
     *,
     filter_truncated: bool,
     loss_filter_range: tuple[float, float] | None,
+    trained_version: int | None = None,
 ) -> list[Row]:
     """One row per completion; ``loss_filter_range`` masks whole groups in the loss (used when
-    the buffer does not filter them, i.e. ``dynamic_batching`` is off)."""
+    the buffer does not filter them, i.e. ``dynamic_batching`` is off). ``trained_version`` is
+    the version of the policy being trained (each row's ``behind`` is measured from it; 0 when
+    not given)."""
     rows: list[Row] = []
     for b, group in enumerate(groups):
         group_kept = group_in_accuracy_range(group.ans_acc, loss_filter_range)
@@ -57,6 +74,10 @@ def build_rows(
                     advantage=float(advantages_BG[b, g]),
                     temperature=group.temperature,
                     trained=group_kept and not (filter_truncated and group.truncated[g]),
+                    reward=float(group.rewards[g]),
+                    behind=0
+                    if trained_version is None
+                    else max(0, trained_version - group.policy_version),
                 )
             )
     return rows
@@ -76,8 +97,7 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
         input_ids[i, :p] = torch.tensor(r.prompt_ids, dtype=torch.long)
         input_ids[i, p : p + resp.numel()] = resp
         attention[i, : lengths[i]] = 1
-        # logits at position t predict token t + 1: the response occupies targets [p-1, p-1+L)
-        span = slice(p - 1, p - 1 + resp.numel())
+        span = response_span(r)
         mask[i, span] = r.trained
         old[i, span] = r.old_logprobs
     return MicroBatch(
@@ -88,7 +108,31 @@ def collate(rows: list[Row], pad_id: int) -> MicroBatch:
         old_logprobs_BT=old,
         advantages_B=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
         temperatures_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32),
+        behind_B=torch.tensor([r.behind for r in rows], dtype=torch.long),
+        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape),
+        old_values_BT=_padded(rows, "old_values", old.shape),
+        returns_BT=_padded(rows, "returns", old.shape),
+        advantages_BT=_padded(rows, "token_advantages", old.shape),
     )
+
+
+def response_span(row: Row) -> slice:
+    """Where a row's response tokens sit in the targets (logits at position t predict token
+    t + 1, so the response occupies targets [p-1, p-1+L))."""
+    start = len(row.prompt_ids) - 1
+    return slice(start, start + int(row.response_ids.numel()))
+
+
+def _padded(rows: list[Row], name: str, shape: torch.Size) -> torch.Tensor | None:
+    """``[B, T]`` float32 of the per-token field ``name`` at each row's response span, or None
+    when a row lacks it."""
+    values = [getattr(r, name) for r in rows]
+    if any(v is None for v in values):
+        return None
+    out = torch.zeros(shape, dtype=torch.float32)
+    for i, (r, v) in enumerate(zip(rows, values, strict=True)):
+        out[i, response_span(r)] = v
+    return out
 
 
 def split(rows: list[Row], size: int) -> list[list[Row]]:

@@ -1,7 +1,8 @@
-"""One training step: advantages, rows, micro-batched forward/backward with exact gradient
-accumulation, the loss and its metrics. The model, optimizer, scheduler, gradient sync and
-clipping belong to the :class:`~zbrl.training.engine.base.Engine` the step drives, so the same
-step runs on one process or data-parallel ranks."""
+"""One training step: advantages, rows, the step-start pass (proximal log-probs, critic values,
+GAE), ``ppo_epochs`` passes of micro-batched forward/backward with exact gradient accumulation per
+mini-batch, the policy loss (and the critic's value loss) and their metrics. The model, optimizer,
+scheduler, gradient sync and clipping belong to the :class:`~zbrl.training.engine.base.Engine` the
+step drives, so the same step runs on one process or data-parallel ranks."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import torch
 
 from zbrl.algorithms.advantages import compute_advantages
 from zbrl.algorithms.aggregation import Normalisers
+from zbrl.algorithms.correction import loglinear_alpha, loglinear_proximal
+from zbrl.algorithms.gae import value_loss
 from zbrl.algorithms.logprobs import logprobs_and_entropy
 from zbrl.algorithms.mismatch import mismatch_metrics
-from zbrl.algorithms.policy_loss import LossConfig, LossInputs, compute_policy_loss
+from zbrl.algorithms.policy_loss import LossConfig, LossInputs, LossOutputs, compute_policy_loss
 from zbrl.training.engine.base import Engine
 from zbrl.training.rows import MicroBatch, Row, build_rows, collate, split, trained_token_count
+from zbrl.training.step_start import CriticSettings, annotate_gae, annotate_step_start
 from zbrl.types import RolloutGroup
+
+GAE = "gae"
+"""The advantage estimator that needs the critic (token-level, computed by the step)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,11 @@ class StepSettings:
     norm_tokens: float
     logprob_chunk_size: int
     pad_id: int
+    ppo_epochs: int
+    proximal: str
+    """How ``decoupled`` gets the proximal log-probs: ``recompute`` or ``loglinear``."""
+    critic: CriticSettings | None
+    """PPO's critic side (GAE and value loss); None without a critic."""
 
 
 class Trainer:
@@ -46,35 +58,87 @@ class Trainer:
     def __init__(self, engine: Engine, settings: StepSettings) -> None:
         if settings.loss.beta > 0 and not engine.has_reference:
             raise ValueError("algorithm.beta > 0 needs a reference model")
+        if settings.critic is not None and settings.critic.kl_coef > 0 and not engine.has_reference:
+            raise ValueError("a KL folded into the reward needs a reference model")
+        if settings.critic is not None and not engine.has_critic:
+            raise ValueError("algorithm.critic needs an engine with a value model")
+        if (settings.advantage == GAE) != (settings.critic is not None):
+            raise ValueError("advantage 'gae' needs the critic settings, and only it uses them")
         self.engine = engine
         self.settings = settings
+        self._updates_in_batch = 0
 
     @property
     def optimizer_steps(self) -> int:
         return self.engine.optimizer_steps
 
-    def train(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        """Train on one batch of groups (one or more optimizer steps); returns step metrics."""
+    def train(
+        self, groups: list[RolloutGroup], policy_version: int | None = None
+    ) -> dict[str, float]:
+        """Train on one batch of groups (``ppo_epochs`` passes, one optimizer step per
+        mini-batch each); ``policy_version`` is the version being trained (how stale each group
+        is; needed by the log-linear proximal approximation). Returns the step's metrics."""
         s = self.settings
         rewards_BG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-        advantages_BG = compute_advantages(s.advantage, rewards_BG, **s.advantage_kwargs)
+        if s.advantage == GAE:
+            advantages_BG = torch.zeros_like(rewards_BG)  # token-level, from the critic below
+        else:
+            advantages_BG = compute_advantages(s.advantage, rewards_BG, **s.advantage_kwargs)
         per_minibatch = s.minibatch_groups or len(groups)
-        totals = _Totals()
-        for start in range(0, len(groups), per_minibatch):
-            chunk = slice(start, start + per_minibatch)
-            rows = build_rows(
-                groups[chunk],
-                advantages_BG[chunk],
+        minibatches = [
+            build_rows(
+                groups[start : start + per_minibatch],
+                advantages_BG[start : start + per_minibatch],
                 filter_truncated=s.filter_truncated,
                 loss_filter_range=s.loss_filter_range,
+                trained_version=policy_version,
             )
-            totals.add(self._optimizer_step(rows))
-        metrics = totals.means()
+            for start in range(0, len(groups), per_minibatch)
+        ]
+        self._check_versions(policy_version)
+        metrics = self._step_start([row for rows in minibatches for row in rows])
+        totals = _Totals()
+        self._updates_in_batch = 0
+        for _ in range(s.ppo_epochs):
+            for rows in minibatches:
+                totals.add(self._optimizer_step(rows, self._steps_per_batch(len(minibatches))))
+                self._updates_in_batch += 1
+        metrics.update(totals.means())
         metrics["advantage_mean"] = float(advantages_BG.mean())
         metrics["advantage_abs_mean"] = float(advantages_BG.abs().mean())
         return metrics
 
-    def _optimizer_step(self, rows: list[Row]) -> dict[str, float]:
+    def _steps_per_batch(self, minibatches: int) -> int:
+        return minibatches * self.settings.ppo_epochs
+
+    def _check_versions(self, policy_version: int | None) -> None:
+        if self._loglinear and policy_version is None:
+            raise ValueError(
+                "the log-linear proximal approximation needs Trainer.train(..., policy_version=)"
+            )
+
+    @property
+    def _loglinear(self) -> bool:
+        s = self.settings
+        return s.loss.correction == "decoupled" and s.proximal == "loglinear"
+
+    def _step_start(self, rows: list[Row]) -> dict[str, float]:
+        """No-grad pass of the step-start models, then GAE (see :mod:`.step_start`)."""
+        s = self.settings
+        critic = s.critic
+        annotate_step_start(
+            self.engine,
+            rows,
+            lambda logits, targets, temps: self._logprobs(logits, targets, temps)[0],
+            microbatch_size=s.microbatch_size,
+            pad_id=s.pad_id,
+            proximal=s.loss.correction == "decoupled" and s.proximal == "recompute",
+            reference=critic is not None and critic.kl_coef > 0,
+            values=critic is not None,
+        )
+        return annotate_gae(rows, critic) if critic is not None else {}
+
+    def _optimizer_step(self, rows: list[Row], steps_per_batch: int) -> dict[str, float]:
         s = self.settings
         engine = self.engine
         tokens, seqs = trained_token_count(rows)
@@ -86,17 +150,22 @@ class Trainer:
         micro_batches = split(rows, s.microbatch_size)
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
-                out = self._micro_step(collate(micro_rows, s.pad_id), norm)
+                mb = collate(micro_rows, s.pad_id)
+                out = self._micro_step(mb, norm, steps_per_batch)
                 engine.backward(out.loss)
+                if s.critic is not None:
+                    out.metrics.update(self._critic_micro_step(mb, norm))
             loss_sum += float(out.loss.detach())
             weighted.add(out.metrics, weight=out.metrics.get("num_tokens", 0.0))
         lr = engine.current_lr()
         grad_norm = engine.clip_and_step(s.max_norm)
         metrics = weighted.means()
+        if s.critic is not None:
+            metrics["critic_grad_norm"] = engine.critic_clip_and_step(s.critic.max_norm)
         metrics.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, trained_tokens=float(tokens))
         return metrics
 
-    def _micro_step(self, mb: MicroBatch, norm: Normalisers):
+    def _micro_step(self, mb: MicroBatch, norm: Normalisers, steps_per_batch: int) -> LossOutputs:
         s = self.settings
         dev = self.engine.device
         input_ids, attention = mb.input_ids_BT.to(dev), mb.attention_BT.to(dev)
@@ -110,18 +179,51 @@ class Trainer:
                 ref_logp, _ = self._logprobs(ref_logits[:, :-1], targets, mb.temperatures_B)
         if s.loss.entropy_coef == 0 and entropy is not None:
             entropy = entropy.detach()
+        old_logp = mb.old_logprobs_BT.to(dev)
         inputs = LossInputs(
             logprobs_BT=logp,
-            old_logprobs_BT=mb.old_logprobs_BT.to(dev),
-            advantages_B_or_BT=mb.advantages_B.to(dev),
+            old_logprobs_BT=old_logp,
+            advantages_B_or_BT=(
+                mb.advantages_B if mb.advantages_BT is None else mb.advantages_BT
+            ).to(dev),
             mask_BT=mb.mask_BT.to(dev),
             ref_logprobs_BT=ref_logp,
             entropy_BT=entropy,
+            proximal_logprobs_BT=self._proximal(mb, old_logp, logp, steps_per_batch),
         )
         out = compute_policy_loss(s.policy_loss, inputs, s.loss, norm)
         # the producer's log-probs (rows' behaviour log-probs) against this recomputation
-        out.metrics.update(mismatch_metrics(logp, mb.old_logprobs_BT.to(dev), inputs.mask_BT))
+        out.metrics.update(mismatch_metrics(logp, old_logp, inputs.mask_BT))
         return out
+
+    def _proximal(
+        self, mb: MicroBatch, old_logp: torch.Tensor, logp: torch.Tensor, steps_per_batch: int
+    ) -> torch.Tensor | None:
+        """The proximal log-probs: recomputed at the step start, or AReaL's log-linear
+        interpolation by policy version (in optimizer steps)."""
+        if self._loglinear:
+            alpha_B = loglinear_alpha(mb.behind_B * steps_per_batch, self._updates_in_batch)
+            return loglinear_proximal(old_logp, logp, alpha_B)
+        if mb.proximal_logprobs_BT is None:
+            return None
+        return mb.proximal_logprobs_BT.to(self.engine.device)
+
+    def _critic_micro_step(self, mb: MicroBatch, norm: Normalisers) -> dict[str, float]:
+        """The clipped value loss of one micro-batch, back-propagated into the critic."""
+        s = self.settings
+        dev = self.engine.device
+        values = self.engine.critic_values(mb.input_ids_BT.to(dev), mb.attention_BT.to(dev))
+        loss, metrics = value_loss(
+            values[:, :-1],
+            mb.old_values_BT.to(dev),
+            mb.returns_BT.to(dev),
+            mb.mask_BT.to(dev),
+            clip=s.critic.value_clip,
+            aggregation=s.loss.aggregation,
+            norm=norm,
+        )
+        self.engine.critic_backward(loss)
+        return {name: float(v) for name, v in metrics.items()}
 
     def _logprobs(
         self, logits_BTV: torch.Tensor, targets_BT: torch.Tensor, temperatures_B: torch.Tensor

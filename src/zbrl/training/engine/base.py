@@ -18,6 +18,11 @@ One optimizer step, as the trainer drives it::
             engine.backward(loss)
     lr = engine.current_lr()
     grad_norm = engine.clip_and_step(max_norm)
+
+An engine may also own a critic (PPO's value model) and its optimizer (:attr:`has_critic`):
+``zero_grad`` clears both, the step calls :meth:`critic_values` and :meth:`critic_backward` in the
+same micro-batches and :meth:`critic_clip_and_step` after the policy's step. Only the
+single-process engine has one so far (a config check refuses a critic on other engines).
 """
 
 from __future__ import annotations
@@ -48,8 +53,14 @@ class Engine(Protocol):
         """Whether a frozen reference model exists (needed when the KL penalty is on)."""
         ...
 
+    @property
+    def has_critic(self) -> bool:
+        """Whether a value model (and its optimizer) exists (PPO with GAE)."""
+        ...
+
     def zero_grad(self) -> None:
-        """Start an optimizer step: the policy in training mode, gradients cleared."""
+        """Start an optimizer step: the policy (and critic) in training mode, gradients
+        cleared."""
         ...
 
     def microbatch(self, last: bool) -> AbstractContextManager[Any]:
@@ -66,6 +77,20 @@ class Engine(Protocol):
         self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
     ) -> torch.Tensor:
         """Frozen reference logits ``[B, T, V]`` without grad; ValueError when there is none."""
+        ...
+
+    def critic_values(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
+        """Critic values ``[B, T]`` float32 (aligned like logits), with grad; ValueError when
+        there is no critic."""
+        ...
+
+    def critic_backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the critic's gradients of ``loss`` (normalised like the policy loss)."""
+        ...
+
+    def critic_clip_and_step(self, max_norm: float) -> float:
+        """Clip the critic's gradient norm, step its optimizer; returns the norm before
+        clipping."""
         ...
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -103,7 +128,8 @@ class Engine(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume training exactly: policy weights, optimizer state, LR
-        schedule position, :attr:`optimizer_steps`. A snapshot (later steps do not change it),
+        schedule position, :attr:`optimizer_steps`, and the critic and its optimizer when there
+        is one (keys ``critic``, ``critic_optimizer``). A snapshot (later steps do not change it),
         picklable, tensors on CPU. The frozen reference is not included (it is rebuilt from the
         model directory)."""
         ...

@@ -14,8 +14,9 @@ from zbrl.algorithms.aggregation import Normalisers
 class SingleProcessEngine:
     """:class:`~zbrl.training.engine.base.Engine` for one process (rank 0 of 1).
 
-    Takes a built policy (already on ``device``), its optimizer and LR scheduler, and an optional
-    frozen reference model.
+    Takes a built policy (already on ``device``), its optimizer and LR scheduler, an optional
+    frozen reference model, and an optional critic (a value model on ``device``) with its own
+    optimizer.
     """
 
     rank = 0
@@ -28,10 +29,16 @@ class SingleProcessEngine:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         *,
         reference: torch.nn.Module | None = None,
+        critic: torch.nn.Module | None = None,
+        critic_optimizer: torch.optim.Optimizer | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
+        if (critic is None) != (critic_optimizer is None):
+            raise ValueError("a critic needs its optimizer (pass both critic and critic_optimizer)")
         self.policy = policy
         self.reference = reference
+        self.critic = critic
+        self.critic_optimizer = critic_optimizer
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = torch.device(device)
@@ -41,9 +48,31 @@ class SingleProcessEngine:
     def has_reference(self) -> bool:
         return self.reference is not None
 
+    @property
+    def has_critic(self) -> bool:
+        return self.critic is not None
+
     def zero_grad(self) -> None:
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.train()
+            self.critic_optimizer.zero_grad(set_to_none=True)
+
+    def critic_values(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
+        if self.critic is None:
+            raise ValueError("this engine has no critic (algorithm.critic is not set)")
+        return self.critic(input_ids_BT, attention_BT)
+
+    def critic_backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def critic_clip_and_step(self, max_norm: float) -> float:
+        if self.critic is None:
+            raise ValueError("this engine has no critic (algorithm.critic is not set)")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), max_norm)
+        self.critic_optimizer.step()
+        return float(grad_norm)
 
     def microbatch(self, last: bool) -> AbstractContextManager[Any]:
         return nullcontext()
@@ -82,21 +111,31 @@ class SingleProcessEngine:
         self.policy.save_pretrained(directory, safe_serialization=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return cpu_snapshot(
-            {
-                "policy": self.policy.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "optimizer_steps": self.optimizer_steps,
-            }
-        )
+        state = {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "optimizer_steps": self.optimizer_steps,
+        }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        return cpu_snapshot(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (self.critic is not None) != ("critic" in state):
+            raise ValueError(
+                "the saved engine state and this engine disagree on the critic (one has a "
+                "value model, the other not); resume with the same algorithm.critic setting"
+            )
         if "policy" in state:  # absent when the policy was loaded from the same checkpoint
             self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
 
 
 def cpu_snapshot(obj: Any) -> Any:
