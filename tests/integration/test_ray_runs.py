@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from zbrl.config import load_config
+from zbrl.errors import RunError
 from zbrl.launch.driver import run_training
 
 pytestmark = pytest.mark.integration
@@ -113,3 +114,41 @@ def test_injected_producer_failure_ends_run_with_clear_error(tmp_path, cache):
     assert proc.returncode != 0
     assert "producer-0 failed" in proc.stderr
     assert "injected producer failure" in proc.stderr
+
+
+def test_broadcast_weight_sync_run_records_where_workers_ran(tmp_path, cache):
+    overrides = [
+        *small_overrides(tmp_path, cache),
+        "transport.weight_sync.type=broadcast",
+        "transport.weight_sync.bucket_mb=0.25",  # several buckets per version
+        "launch.num_producers=2",
+        "launch.producer_num_cpus=0.5",
+        "training.max_steps=3",
+        "logging.save_final=false",
+    ]
+    summary = run_training(load_config(DEMO, overrides))
+    assert summary["steps"] == 3
+    # the producers and the evaluator (it evaluates the step-3 weights) received broadcasts
+    assert summary["weight_sync_latency_p50_s"] is not None
+    assert summary["eval_final"] is not None
+    workers = {w["name"]: w for w in summary["workers"]}
+    assert set(workers) == {"producer-0", "producer-1", "consumer-0", "evaluator"}
+    assert {w["role"] for w in workers.values()} == {"producer", "consumer", "evaluator"}
+    assert workers["producer-1"]["num_cpus"] == 0.5 and workers["consumer-0"]["num_cpus"] == 1.0
+    assert all(w["node_ip"] == "127.0.0.1" and w["pid"] > 0 for w in workers.values())
+    saved = json.loads((tmp_path / "run" / "workers.json").read_text())
+    assert saved == summary["workers"]
+
+
+def test_resources_the_cluster_cannot_grant_fail_before_any_worker(tmp_path, cache):
+    overrides = [
+        *small_overrides(tmp_path, cache),
+        "launch.producer_num_gpus=1",  # the local Ray has no GPU
+        "launch.placement_timeout_s=3",
+        "eval.sets={}",
+    ]
+    with pytest.raises(
+        RunError,
+        match=r"did not grant.*'GPU': 1.0.*producers.*has \{'CPU': \d.*launch.num_producers",
+    ):
+        run_training(load_config(DEMO, overrides))

@@ -39,7 +39,9 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     store = WeightStore()
     prec, crec = SpanRecorder("producer-0", "producer"), SpanRecorder("consumer-0", "consumer")
     sync = cfg.transport.weight_sync
-    receiver = build_receiver(sync, WeightStoreClient(LocalHandle(store)), prec, initial_version=0)
+    receiver = build_receiver(
+        sync, WeightStoreClient(LocalHandle(store)), prec, initial_version=0, member="producer-0"
+    )
     backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
     producer = Producer(
         settings.producer_settings(cfg, 0),

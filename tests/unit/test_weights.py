@@ -292,7 +292,9 @@ def test_factory_builds_object_store_sync_from_the_config(closers):
     assert sync.type == "object_store"
     store = WeightStore()
     pub = build_publisher(sync, WeightStoreClient(LocalHandle(store)))
-    receiver = build_receiver(sync, WeightStoreClient(LocalHandle(store)), initial_version=0)
+    receiver = build_receiver(
+        sync, WeightStoreClient(LocalHandle(store)), initial_version=0, member="producer-0"
+    )
     closers.extend([pub, receiver])
     assert isinstance(pub, ObjectStorePublisher) and isinstance(receiver, ObjectStoreReceiver)
     assert receiver.loaded_version == 0

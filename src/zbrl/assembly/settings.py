@@ -7,12 +7,14 @@ from typing import Any
 
 from zbrl.algorithms.policy_loss import LossConfig
 from zbrl.config import GaeAdvantage, GspoLoss, ImportAdvantage, PpoClipLoss, RunConfig
+from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.producer import ProducerSettings
 from zbrl.training.consumer import ConsumerSettings
 from zbrl.training.step_start import CriticSettings
 from zbrl.training.train_step import StepSettings
 from zbrl.transport.buffer import BufferSettings
+from zbrl.transport.weight_sync.broadcast import BroadcastSettings
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
@@ -157,4 +159,41 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         ppo_epochs=a.ppo_epochs,
         proximal=a.proximal,
         critic=critic_settings(cfg),
+    )
+
+
+GLOO_BUCKET_MB = 4.0
+"""Broadcast bucket with gloo when ``bucket_mb`` is unset (fastest of 1-512 MiB on loopback)."""
+NCCL_BUCKET_MB = 64.0
+"""Broadcast bucket with NCCL when ``bucket_mb`` is unset."""
+
+
+def weight_sync_backend(cfg: RunConfig) -> str:
+    """The collective backend of broadcast weight sync (``auto``: nccl when consumers have
+    GPUs, gloo otherwise); ``none`` for the object store."""
+    sync = cfg.transport.weight_sync
+    if not isinstance(sync, BroadcastSync):
+        return "none"
+    if sync.backend != "auto":
+        return sync.backend
+    return "nccl" if cfg.launch.consumer_num_gpus > 0 else "gloo"
+
+
+def broadcast_settings(cfg: RunConfig, node_address: str) -> BroadcastSettings | None:
+    """Settings of broadcast weight sync (None for the object store); ``node_address`` is the
+    address of the node this worker runs on, the sender's default rendezvous address."""
+    sync = cfg.transport.weight_sync
+    if not isinstance(sync, BroadcastSync):
+        return None
+    backend = weight_sync_backend(cfg)
+    assert backend in ("gloo", "nccl")
+    default_mb = {"gloo": GLOO_BUCKET_MB, "nccl": NCCL_BUCKET_MB}[backend]
+    bucket_mb = sync.bucket_mb if sync.bucket_mb is not None else default_mb
+    return BroadcastSettings(
+        bucket_bytes=max(1, int(bucket_mb * 2**20)),
+        backend=backend,
+        address=sync.address or node_address,
+        join_timeout_s=sync.join_timeout_s,
+        op_timeout_s=sync.op_timeout_s,
+        keepalive_s=min(5.0, sync.op_timeout_s / 4),
     )

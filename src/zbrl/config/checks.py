@@ -171,6 +171,32 @@ def check_staleness_buffer(cfg: RunConfig) -> None:
         )
 
 
+def check_weight_sync(cfg: RunConfig) -> None:
+    sync = cfg.transport.weight_sync
+    if sync.type != "broadcast":
+        return
+    la = cfg.launch
+    nccl = sync.backend == "nccl" or (sync.backend == "auto" and la.consumer_num_gpus > 0)
+    if nccl and (la.consumer_num_gpus <= 0 or la.producer_num_gpus <= 0):
+        why = (
+            "transport.weight_sync.backend=nccl"
+            if sync.backend == "nccl"
+            else "transport.weight_sync.backend=auto picks nccl (launch.consumer_num_gpus > 0)"
+        )
+        raise ValueError(
+            f"{why}, but NCCL needs a GPU in every member of the group: "
+            f"launch.consumer_num_gpus={la.consumer_num_gpus}, "
+            f"launch.producer_num_gpus={la.producer_num_gpus}. Give both GPUs, or set "
+            "transport.weight_sync.backend=gloo"
+        )
+    if sync.address is not None and la.ray_address is None and sync.address != "127.0.0.1":
+        raise ValueError(
+            f"transport.weight_sync.address={sync.address!r}: a local run (launch.ray_address "
+            "unset) listens on 127.0.0.1 only; leave the address unset (or 127.0.0.1), or run "
+            "on a cluster with launch.ray_address"
+        )
+
+
 def check_correction(cfg: RunConfig) -> None:
     a = cfg.algorithm
     if a.correction == "none":
@@ -257,6 +283,7 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_vllm_lengths,
     check_vllm_evaluator,
     check_staleness_buffer,
+    check_weight_sync,
     check_correction,
     check_proximal,
     check_critic,

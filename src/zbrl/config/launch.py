@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -28,7 +28,8 @@ class LaunchConfig(Section):
     """Training consumers: the ranks of one data-parallel process group (``training.engine``
     says how they share the model); each step's batch is split among them."""
     ray_address: str | None = None
-    """Address of an existing Ray cluster; None starts a local one on loopback."""
+    """Address of an existing Ray cluster (``HOST:PORT`` of its head, as ``ray start --head``
+    prints it); None starts a local one on loopback. See docs/scaling.md."""
     producer_num_cpus: float = Field(default=1.0, gt=0)
     """CPUs reserved per producer."""
     consumer_num_cpus: float = Field(default=1.0, gt=0)
@@ -37,6 +38,12 @@ class LaunchConfig(Section):
     """GPUs per producer (0 on CPU-only machines)."""
     consumer_num_gpus: float = Field(default=0.0, ge=0)
     """GPUs per consumer (0 on CPU-only machines)."""
+    placement: Literal["pack", "spread"] = "pack"
+    """How producers are placed on the cluster's nodes: ``pack`` fills as few nodes as possible,
+    ``spread`` puts them on as many as possible. Consumers are always packed together (their
+    training group talks most)."""
+    placement_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for the cluster to grant the workers' resources before failing."""
     max_producer_restarts: int = Field(default=3, ge=0)
     """Producers that die (their process is gone) are re-created this many times in all; the
     next death ends the run, leaving a resumable checkpoint."""

@@ -16,8 +16,30 @@ class ObjectStoreSync(Section):
     """Weight-sync discriminator."""
 
 
-WeightSyncConfig = Annotated[ObjectStoreSync, Field(discriminator="type")]
-"""A union of one today; a torch.distributed broadcast implementation will join it."""
+class BroadcastSync(Section):
+    """Weights travel over a torch.distributed group of their own (consumer rank 0 sends, every
+    producer and the evaluator receive), flattened into buckets; see docs/scaling.md."""
+
+    type: Literal["broadcast"] = "broadcast"
+    """Weight-sync discriminator."""
+    bucket_mb: float | None = Field(default=None, gt=0)
+    """Size of one broadcast bucket in MiB (a version is sent as a flat byte stream in buckets
+    of this size); None: 4 with gloo (fastest on loopback, bench/weight_sync.py), 64 with NCCL
+    (each bucket passes through GPU memory; NCCL wants large messages)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend: ``auto`` is nccl when the consumers have GPUs, gloo otherwise."""
+    address: str | None = None
+    """Address the sender (consumer rank 0) listens on for the group; None: its node's Ray
+    address (127.0.0.1 in a local run). Producers and the evaluator must reach it. The group's
+    rendezvous goes through the run's WeightStore actor, so no fixed port is needed."""
+    join_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for every member to join a (re)formed group."""
+    op_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds a single bucket broadcast may take before the group is declared broken."""
+
+
+WeightSyncConfig = Annotated[ObjectStoreSync | BroadcastSync, Field(discriminator="type")]
+"""How new weights reach the producers and the evaluator."""
 
 
 class TransportConfig(Section):

@@ -18,6 +18,8 @@ from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.placement import record_placement
+from zbrl.launch.preflight import preflight
 from zbrl.launch.ray_setup import init_ray
 from zbrl.launch.resume import truncate_logs
 from zbrl.launch.run_dir import claim_run_dir, lock_existing_run_dir
@@ -60,6 +62,7 @@ def run_training(
     quiet_transformers()
     check_backend_installed(cfg)  # a missing vLLM fails here, with the install command
     check_reward(cfg)  # a reward that cannot be built fails here, before any file or worker
+    preflight(cfg)  # so does an unreachable address or a missing GPU
     with prepare_run_dir(cfg, resume, sibling_if_used) as run_dir:
         print(f"[zbrl] run dir: {run_dir}", flush=True)
         summary = _train(cfg, run_dir, resume)
@@ -79,6 +82,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None) -> dict[str
                 cfg, artifacts, run_dir, train_prompts, eval_sets, total_steps, start, buffer_state
             )
             wait_until_ready(cfg, workers)
+            record_placement(cfg, workers, run_dir)
             hub = HubClient(RayHandle(workers.hub))
             monitor = RunMonitor(cfg, run_dir, hub, total_steps, start_step=start.version)
             try:
@@ -188,6 +192,7 @@ def execute(
     )
     checkpoint = consumer.final_checkpoint if consumer is not None else None
     summary.update(
+        workers=workers.where,
         producer_restarts=outcome.producer_restarts,
         evaluator_failures=outcome.evaluator_failures,
         interrupted=outcome.stop_reason,
@@ -297,6 +302,8 @@ def shutdown(workers: Workers | None, started_ray: bool) -> None:
         for actor in workers.all():
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
+        if workers.placement is not None:
+            workers.placement.remove()
     if started_ray:
         ray.shutdown()
 

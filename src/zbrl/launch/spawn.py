@@ -11,6 +11,7 @@ from typing import Any
 from zbrl.assembly.artifacts import Artifacts
 from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig
+from zbrl.launch.placement import Placement, reserve
 from zbrl.launch.process_group import consumer_group
 from zbrl.training.distributed import GroupSpec
 from zbrl.types import EncodedPrompt
@@ -41,6 +42,8 @@ class Workers:
     names: dict[Any, str] = field(default_factory=dict)
     group_host: Any = None
     """The consumers' rendezvous store (kept alive for the run), when there are several."""
+    placement: Placement | None = None
+    where: list[dict[str, Any]] = field(default_factory=list)  # summary.json "workers"
 
     def all(self) -> list[Any]:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
@@ -61,6 +64,7 @@ class Spawner:
     hub: Any
     prompts_ref: Any
     eval_sets: dict[str, list[EncodedPrompt]]
+    placement: Placement
     group: GroupSpec | None = None
     """The consumers' data-parallel group (None for one consumer)."""
 
@@ -73,10 +77,9 @@ class Spawner:
 
         from zbrl.launch.workers import ProducerWorker
 
-        la = self.cfg.launch
-        return (
+        return (  # a restarted producer takes its predecessor's bundle
             ray.remote(ProducerWorker)
-            .options(num_cpus=la.producer_num_cpus, num_gpus=la.producer_num_gpus)
+            .options(**self.placement.producer_options(index))
             .remote(
                 self._data,
                 index,
@@ -96,10 +99,9 @@ class Spawner:
 
         from zbrl.launch.workers import ConsumerWorker
 
-        la = self.cfg.launch
         return (
             ray.remote(ConsumerWorker)
-            .options(num_cpus=la.consumer_num_cpus, num_gpus=la.consumer_num_gpus)
+            .options(**self.placement.consumer_options(index))
             .remote(
                 self._data,
                 index,
@@ -125,7 +127,7 @@ class Spawner:
             return None
         return (
             ray.remote(EvaluatorWorker)
-            .options(num_cpus=0, num_gpus=0)
+            .options(**self.placement.evaluator_options())
             .remote(
                 self._data,
                 str(self.start.model_dir),
@@ -158,14 +160,12 @@ def create_workers(
     from zbrl.transport.weight_sync.object_store import WeightStore
 
     la = cfg.launch
+    place = reserve(cfg)  # placement groups first: a cluster that is too small fails here
     concurrency = 4 * (la.num_producers + la.num_consumers) + 8
-    buffer = (
-        ray.remote(RolloutBuffer)
-        .options(num_cpus=0, max_concurrency=concurrency, name=None)
-        .remote(buffer_settings(cfg))
-    )
-    store = ray.remote(WeightStore).options(num_cpus=0, max_concurrency=concurrency).remote()
-    hub = ray.remote(TelemetryHub).options(num_cpus=0, max_concurrency=concurrency).remote()
+    shared = {**place.shared_options(), "max_concurrency": concurrency}
+    buffer = ray.remote(RolloutBuffer).options(**shared).remote(buffer_settings(cfg))
+    store = ray.remote(WeightStore).options(**shared).remote()
+    hub = ray.remote(TelemetryHub).options(**shared).remote()
     resume_states: dict[int, dict[str, Any] | None] = {}
     if buffer_state is not None:
         ray.get(buffer.load_state.remote(buffer_state))
@@ -173,12 +173,14 @@ def create_workers(
     group_host, group = consumer_group(cfg)
     spawner = Spawner(
         cfg, artifacts, run_dir, start, total_steps, buffer, store, hub,
-        ray.put(train_prompts), eval_sets, group,
+        ray.put(train_prompts), eval_sets, place, group,
     )  # fmt: skip
     producers = [spawner.producer(i, resume_states.get(i)) for i in range(la.num_producers)]
     consumers = [spawner.consumer(i) for i in range(la.num_consumers)]
     evaluator = spawner.evaluator()
-    workers = Workers(buffer, store, hub, producers, consumers, evaluator, group_host=group_host)
+    workers = Workers(
+        buffer, store, hub, producers, consumers, evaluator, group_host=group_host, placement=place
+    )
     workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
     workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
     if evaluator is not None:

@@ -11,8 +11,15 @@ import torch
 
 from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer, quiet_transformers
 from zbrl.assembly.rewards import build_reward_fn
-from zbrl.assembly.settings import consumer_settings, eval_sampling_params, producer_settings
+from zbrl.assembly.settings import (
+    broadcast_settings,
+    consumer_settings,
+    eval_sampling_params,
+    producer_settings,
+)
 from zbrl.config import RunConfig
+from zbrl.config.transport import ObjectStoreSync
+from zbrl.launch.placement import describe_process, node_address
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.training.distributed import GroupSpec, join_group
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
@@ -96,6 +103,8 @@ class ProducerWorker:
             WeightStoreClient(RayHandle(store)),
             self.recorder,
             initial_version=initial_version,
+            member=f"producer-{index}",
+            broadcast=broadcast_settings(cfg, node_address()),
         )
         self.producer = Producer(
             producer_settings(cfg, index),
@@ -108,6 +117,10 @@ class ProducerWorker:
         )
         if resume_state is not None:
             self.producer.load_state(resume_state)
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return describe_process()
 
     def run(self):
         return _run_role(self.producer.run, self.receiver.close, self.recorder, self.hub)
@@ -149,8 +162,14 @@ class ConsumerWorker:
         trainer = build_trainer(
             cfg, Path(model_dir), tokenizer, total_steps, reference_dir=Path(reference_dir)
         )
+        # only rank 0 publishes; the other ranks hold a publisher that is never called, and must
+        # not join (or form) the broadcast group
+        sync = cfg.transport.weight_sync if index == 0 else ObjectStoreSync()
         self.publisher = build_publisher(
-            cfg.transport.weight_sync, WeightStoreClient(RayHandle(store)), self.recorder
+            sync,
+            WeightStoreClient(RayHandle(store)),
+            self.recorder,
+            broadcast=broadcast_settings(cfg, node_address()),
         )
         self.consumer = Consumer(
             consumer_settings(cfg, run_dir),
@@ -164,6 +183,10 @@ class ConsumerWorker:
         )
         if trainer_state is not None:
             self.consumer.load_state(load_state(Path(trainer_state)))
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return describe_process()
 
     def run(self):
         return _run_role(self.consumer.run, self.publisher.close, self.recorder, self.hub)
@@ -196,6 +219,8 @@ class EvaluatorWorker:
             WeightStoreClient(RayHandle(store)),
             self.recorder,
             initial_version=initial_version,
+            member="evaluator",
+            broadcast=broadcast_settings(cfg, node_address()),
         )
         self.evaluator = Evaluator(
             backend,
@@ -218,6 +243,10 @@ class EvaluatorWorker:
             results = self.evaluator.run(step)
         self.hub.add_spans(self.recorder.drain())
         return results
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return describe_process()
 
     def close(self) -> None:
         self.receiver.close()

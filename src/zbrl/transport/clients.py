@@ -89,6 +89,43 @@ class WeightStoreClient:
     def latest_version(self) -> int:
         return self.handle.call(WeightStore.latest_version)
 
+    # broadcast group membership
+    def request_join(self, member: str) -> int:
+        return self.handle.call(WeightStore.request_join, member)
+
+    def leave(self, member: str) -> None:
+        self.handle.call(WeightStore.leave, member)
+
+    def drop_member(self, member: str, seq: int) -> None:
+        self.handle.call(WeightStore.drop_member, member, seq)
+
+    def join_requests(self) -> dict[str, int]:
+        return self.handle.call(WeightStore.join_requests)
+
+    def set_group(self, group: Any) -> None:
+        self.handle.call(WeightStore.set_group, group)
+
+    def wait_for_group(self, have_epoch: int, timeout: float) -> Any:
+        return self.handle.call(WeightStore.wait_for_group, have_epoch, timeout)
+
+    def kv_set(self, key: str, value: bytes) -> None:
+        self.handle.call(WeightStore.kv_set, key, value)
+
+    def kv_get(self, key: str, timeout: float) -> bytes | None:
+        return self.handle.call(WeightStore.kv_get, key, timeout, timeout=timeout + 60)
+
+    def kv_add(self, key: str, amount: int) -> int:
+        return self.handle.call(WeightStore.kv_add, key, amount)
+
+    def kv_check(self, keys: list[str]) -> bool:
+        return self.handle.call(WeightStore.kv_check, keys)
+
+    def kv_delete(self, key: str) -> bool:
+        return self.handle.call(WeightStore.kv_delete, key)
+
+    def kv_clear(self, prefix: str) -> None:
+        self.handle.call(WeightStore.kv_clear, prefix)
+
     def put_payload(self, value: Any) -> Any:
         """Store ``value`` (a state dict) in the object store; returns what to announce."""
         return self.handle.put_object(value)

@@ -6,8 +6,8 @@ The protocol has two sides. The consumer holds a :class:`WeightPublisher` and ca
 ready) and swaps one in with ``receive_into(load_fn)`` when the caller chooses (between generation
 batches). Roles depend only on these protocols; :mod:`~zbrl.transport.weight_sync.factory` picks
 the implementation from ``transport.weight_sync``. Implementations: the Ray object store
-(:mod:`~zbrl.transport.weight_sync.object_store`, the default); a torch.distributed broadcast group
-is planned.
+(:mod:`~zbrl.transport.weight_sync.object_store`, the default) and a torch.distributed broadcast
+group (:mod:`~zbrl.transport.weight_sync.broadcast`).
 
 Guarantees every implementation keeps: versions only go up (a publish older than the newest one
 may be dropped); a version is never torn (a receiver loads exactly the tensors one ``publish`` was
@@ -67,7 +67,8 @@ class WeightReceiver(Protocol):
 
     def receive_into(self, load: Callable[[dict[str, torch.Tensor]], Any]) -> bool:
         """Load the newest ready version through ``load`` if it is newer than the loaded one (on
-        the calling thread); True when something was loaded."""
+        the calling thread); True when something was loaded. ``load`` must copy what it keeps:
+        the tensors it is given may be reused once it returns."""
         ...
 
     def close(self) -> None:

@@ -7,15 +7,27 @@ from zbrl.config.transport import WeightSyncConfig
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.weight_sync.base import WeightPublisher, WeightReceiver
+from zbrl.transport.weight_sync.broadcast import (
+    BroadcastPublisher,
+    BroadcastReceiver,
+    BroadcastSettings,
+)
 from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver
 
 
 def build_publisher(
-    sync: WeightSyncConfig, store: WeightStoreClient, recorder: SpanRecorder | None = None
+    sync: WeightSyncConfig,
+    store: WeightStoreClient,
+    recorder: SpanRecorder | None = None,
+    *,
+    broadcast: BroadcastSettings | None = None,
 ) -> WeightPublisher:
-    """The consumer's publisher. ``store`` is the run's weight store (object-store sync)."""
+    """The consumer's publisher. ``store`` is the run's weight store (it also coordinates the
+    broadcast group); ``broadcast`` is required for ``type: broadcast``."""
     if sync.type == "object_store":
         return ObjectStorePublisher(store, recorder)
+    if sync.type == "broadcast":
+        return BroadcastPublisher(store, _need(broadcast), recorder)
     raise ValueError(f"transport.weight_sync.type={sync.type!r} has no implementation")
 
 
@@ -25,9 +37,22 @@ def build_receiver(
     recorder: SpanRecorder | None = None,
     *,
     initial_version: int,
+    member: str,
+    broadcast: BroadcastSettings | None = None,
 ) -> WeightReceiver:
     """A producer's or the evaluator's receiver; ``initial_version`` is the version its backend
-    already holds (0 when it starts from the checkpoint the consumer starts from)."""
+    already holds (0 when it starts from the checkpoint the consumer starts from); ``member``
+    names it in the broadcast group (e.g. ``producer-1``)."""
     if sync.type == "object_store":
         return ObjectStoreReceiver(store, recorder, initial_version=initial_version)
+    if sync.type == "broadcast":
+        return BroadcastReceiver(
+            store, _need(broadcast), member, recorder, initial_version=initial_version
+        )
     raise ValueError(f"transport.weight_sync.type={sync.type!r} has no implementation")
+
+
+def _need(settings: BroadcastSettings | None) -> BroadcastSettings:
+    if settings is None:
+        raise ValueError("transport.weight_sync.type=broadcast needs its BroadcastSettings")
+    return settings

@@ -1,0 +1,173 @@
+"""A run on a multi-node Ray cluster (three one-CPU nodes, all on 127.0.0.1): the workers land on
+different nodes, weights cross nodes by broadcast, the policy trains; losing a node ends the run
+with an error that names the worker that was on it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from endless_run import endless_tiny_run
+from transformers import AutoModelForCausalLM
+
+from zbrl.testing.procs import descendants, kill_tree, process_name
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DEMO = REPO / "recipes" / "demo.yaml"
+BOUND_S = 600.0  # a run's start and training on a loaded 2-core machine
+LOSS_BOUND_S = 30.0  # from a node's removal to the run's error (issue 8)
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no answer from the cluster process within {timeout}s"
+    return proc.stdout.readline()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """(process, {"address", "head", "workers"}) of a head and two worker nodes, 1 CPU each."""
+    log = tmp_path_factory.mktemp("cluster") / "stderr.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "loopback_cluster.py"), "--workers", "2", "--cpus", "1"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        line = _readline(proc, 180)
+        assert line, f"the cluster did not start:\n{log.read_text()[-3000:]}"
+        yield proc, json.loads(line)
+    finally:
+        # the helper, its nodes' processes and their workers (by pid and name: a pid reused by
+        # another program is left alone)
+        started = {pid: process_name(pid) for pid in descendants(proc.pid)}
+        proc.stdin.close()  # end of input: the helper shuts its cluster down
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        kill_tree(proc)
+        for pid, name in started.items():  # anything that outlived the helper
+            if process_name(pid) == name:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _train(tmp_path: Path, overrides: list[str]) -> subprocess.Popen:
+    with open(tmp_path / "stdout.log", "w") as out, open(tmp_path / "stderr.log", "w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "zbrl.cli", "train", str(DEMO), *overrides],
+            stdout=out,
+            stderr=err,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+
+
+def _cluster_overrides(address: str) -> list[str]:
+    return [
+        f"launch.ray_address={address}",
+        "launch.num_producers=2",
+        "launch.num_consumers=1",
+        "launch.placement=spread",
+        "transport.weight_sync.type=broadcast",
+        "eval.sets={}",
+    ]
+
+
+def test_a_run_spreads_over_nodes_and_trains(cluster, tmp_path):
+    _, info = cluster
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    overrides = [
+        *endless_tiny_run(run_dir, cache),
+        *_cluster_overrides(info["address"]),
+        "training.max_steps=3",
+        "logging.save_final=true",
+        # length shaping makes rewards differ inside a group even before answers are right
+        "reward.soft_overlong_punishment=true",
+        "reward.cache_length=4",
+        "rollout.generation.num_generations=4",
+        "training.train_microbatch_size=8",
+    ]
+    proc = _train(tmp_path, overrides)
+    try:
+        returncode = proc.wait(timeout=BOUND_S)
+    finally:
+        kill_tree(proc)
+    assert returncode == 0, (tmp_path / "stderr.log").read_text()[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    workers = {w["name"]: w for w in summary["workers"]}
+    assert set(workers) == {"producer-0", "producer-1", "consumer-0"}
+    nodes = {w["node_id"] for w in workers.values()}
+    assert len(nodes) >= 2, workers
+    assert nodes <= {info["head"], *info["workers"]}
+    assert all(w["node_ip"] == "127.0.0.1" for w in workers.values())
+    # it trained: three steps, the producers (on other nodes) loaded broadcast versions, and the
+    # final weights differ from the starting ones
+    assert summary["steps"] == 3 and summary["samples_trained"] == 3 * 2 * 4
+    assert summary["weight_sync_latency_p50_s"] is not None
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-3")
+    start = AutoModelForCausalLM.from_pretrained(next(cache.glob("warm-*")))
+    start_state = start.state_dict()
+    changed = [k for k, v in final.state_dict().items() if not torch.equal(v, start_state[k])]
+    assert changed
+
+
+def _training_under_way(metrics: Path) -> bool:
+    if not metrics.is_file():
+        return False
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    return any("loss" in r for r in rows)
+
+
+def test_losing_a_node_ends_the_run_naming_the_worker_on_it(cluster, tmp_path):
+    proc_cluster, info = cluster
+    run_dir = tmp_path / "run"
+    overrides = [
+        *endless_tiny_run(run_dir, tmp_path / "cache"),
+        *_cluster_overrides(info["address"]),
+        "launch.max_producer_restarts=0",  # else a lost producer is restarted (if there is room)
+    ]
+    proc = _train(tmp_path, overrides)
+    stderr = tmp_path / "stderr.log"
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while not _training_under_way(run_dir / "metrics.jsonl"):
+            assert proc.poll() is None, f"the run ended early:\n{stderr.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.5)
+        workers = json.loads((run_dir / "workers.json").read_text())
+        victim = next(n for n in info["workers"] if any(w["node_id"] == n for w in workers))
+        lost = {w["name"] for w in workers if w["node_id"] == victim}
+        proc_cluster.stdin.write(f"remove {victim}\n")
+        proc_cluster.stdin.flush()
+        assert _readline(proc_cluster, 60).strip() == f"removed {victim}"
+        deadline = time.monotonic() + LOSS_BOUND_S  # the error must come promptly
+        # the driver prints "[zbrl] error: ..." when it sees the failure, "error: ..." at exit
+        while not any(
+            x.startswith(("error:", "[zbrl] error:")) for x in stderr.read_text().splitlines()
+        ):
+            assert time.monotonic() < deadline, f"no error {LOSS_BOUND_S}s after the node left"
+            time.sleep(0.25)
+        returncode = proc.wait(timeout=BOUND_S)  # and the run ends by itself
+    finally:
+        kill_tree(proc)
+    errors = [x for x in stderr.read_text().splitlines() if x.startswith("error:")]
+    print(stderr.read_text()[-3000:])  # shown with pytest -s
+    assert returncode == 1, stderr.read_text()[-3000:]
+    assert len(errors) == 1, stderr.read_text()[-3000:]
+    assert any(f"error: {name} " in errors[0] for name in lost), (lost, errors[0])
