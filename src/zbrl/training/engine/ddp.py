@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from zbrl.algorithms.aggregation import Normalisers
-from zbrl.training import distributed
+from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import cpu_snapshot
 
 OptimizerFactory = Callable[
@@ -24,7 +23,7 @@ OptimizerFactory = Callable[
 engines must build it after sharding, so engines take the factory, not the optimizer)."""
 
 
-class DdpEngine:
+class DdpEngine(RankedEngine):
     """:class:`~zbrl.training.engine.base.Engine` over torch DDP in an initialised process group.
 
     Every rank loads the same weights; DDP also broadcasts rank 0's at construction. The loss of
@@ -51,10 +50,6 @@ class DdpEngine:
         self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
         self.optimizer_steps = 0
 
-    @property
-    def has_reference(self) -> bool:
-        return self.reference is not None
-
     def zero_grad(self) -> None:
         self.ddp.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -64,26 +59,6 @@ class DdpEngine:
 
     def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
         return self.ddp(input_ids=input_ids_BT, attention_mask=attention_BT).logits
-
-    def reference_logits(
-        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
-    ) -> torch.Tensor:
-        if self.reference is None:
-            raise ValueError("this engine has no reference model (algorithm.beta is 0)")
-        with torch.no_grad():
-            return self.reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.world_size).backward()
-
-    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
-        return distributed.reduce_normalisers(norm, self.device)
-
-    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
-        return distributed.all_reduce_floats(values, op, self.device)
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def clip_and_step(self, max_norm: float) -> float:
         # the gradients are identical on every rank after the all-reduce: so is the norm

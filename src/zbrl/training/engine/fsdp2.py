@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +32,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from zbrl.algorithms.aggregation import Normalisers
-from zbrl.training import distributed
 from zbrl.training.engine.ddp import OptimizerFactory
+from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import cpu_snapshot
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -64,7 +63,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, reshard_after_forw
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
-class Fsdp2Engine:
+class Fsdp2Engine(RankedEngine):
     """:class:`~zbrl.training.engine.base.Engine` over FSDP2 in an initialised process group.
 
     ``policy`` (and ``reference``, sharded the same way, forward only) must be on ``device``.
@@ -92,10 +91,6 @@ class Fsdp2Engine:
         self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
         self.optimizer_steps = 0
 
-    @property
-    def has_reference(self) -> bool:
-        return self.reference is not None
-
     def zero_grad(self) -> None:
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -105,26 +100,6 @@ class Fsdp2Engine:
 
     def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
         return self.policy(input_ids=input_ids_BT, attention_mask=attention_BT).logits
-
-    def reference_logits(
-        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
-    ) -> torch.Tensor:
-        if self.reference is None:
-            raise ValueError("this engine has no reference model (algorithm.beta is 0)")
-        with torch.no_grad():
-            return self.reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.world_size).backward()
-
-    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
-        return distributed.reduce_normalisers(norm, self.device)
-
-    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
-        return distributed.all_reduce_floats(values, op, self.device)
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def clip_and_step(self, max_norm: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]

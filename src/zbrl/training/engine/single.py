@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from zbrl.algorithms.aggregation import Normalisers
+from zbrl.training.engine.ranked import reference_logits
 
 
 class SingleProcessEngine:
@@ -83,10 +84,7 @@ class SingleProcessEngine:
     def reference_logits(
         self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
     ) -> torch.Tensor:
-        if self.reference is None:
-            raise ValueError("this engine has no reference model (algorithm.beta is 0)")
-        with torch.no_grad():
-            return self.reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+        return reference_logits(self.reference, input_ids_BT, attention_BT)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

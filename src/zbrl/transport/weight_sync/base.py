@@ -16,6 +16,8 @@ given, even while training goes on); ``publish`` does not wait for the transfer.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -74,3 +76,50 @@ class WeightReceiver(Protocol):
     def close(self) -> None:
         """Stop fetching and wake every waiter."""
         ...
+
+
+class BackgroundSender:
+    """The part of a publisher that the object-store and broadcast transports share: a staged
+    version waits in ``_pending`` (guarded by ``_cond``) until the sender thread (``_send_loop``,
+    written by the subclass) takes it; :meth:`flush`, :meth:`close` and the error report."""
+
+    what = "sent"
+    """The verb in the timeout message ("weights not {what} within ...")."""
+    failure = "weight sending"
+    """What failed, in the error message ("{failure} failed: ...")."""
+
+    def __init__(self, thread_name: str) -> None:
+        self._cond = threading.Condition()
+        self._pending: Any = None
+        self._sent_version = -1
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._send_loop, name=thread_name, daemon=True)
+
+    def _send_loop(self) -> None:
+        raise NotImplementedError
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Wait until the newest staged version has been sent."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending is not None and self._error is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"weights not {self.what} within {timeout}s")
+                self._cond.wait(remaining)
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    @property
+    def sent_version(self) -> int:
+        return self._sent_version
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"{self.failure} failed: {self._error!r}") from self._error

@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
-from zbrl.transport.weight_sync.base import NamedTensors
+from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.transport.weight_sync.buckets import Layout, flatten_into, plan_layout, unflatten
 from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
 from zbrl.types import WeightsMessage
@@ -233,9 +232,12 @@ class _Staged:
     layout: Layout
 
 
-class BroadcastPublisher:
+class BroadcastPublisher(BackgroundSender):
     """Consumer rank 0: flatten to staging on the calling thread, broadcast from a background
     thread to the current group (see the module docstring)."""
+
+    what = "broadcast"
+    failure = "weight broadcast"
 
     def __init__(
         self,
@@ -244,19 +246,15 @@ class BroadcastPublisher:
         recorder: SpanRecorder | None = None,
     ) -> None:
         check_bindable(settings.address)
+        super().__init__("weight-broadcast")
         self._store = store
         self._s = settings
         self._recorder = recorder
         self._layout: Layout | None = None
         self._spare: torch.Tensor | None = None  # a sent, superseded staging buffer to reuse
-        self._cond = threading.Condition()
         self._pending: _Staged | None = None
-        self._sent_version = -1
-        self._closed = False
-        self._error: BaseException | None = None
         self._epoch = 0
         self.epochs_formed = 0
-        self._thread = threading.Thread(target=self._run, name="weight-broadcast", daemon=True)
         self._thread.start()
 
     # WeightPublisher protocol
@@ -275,32 +273,8 @@ class BroadcastPublisher:
             self._pending = staged
             self._cond.notify_all()
 
-    def flush(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._pending is not None and self._error is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"weights not broadcast within {timeout}s")
-                self._cond.wait(remaining)
-        self._raise_if_failed()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
-
-    @property
-    def sent_version(self) -> int:
-        return self._sent_version
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"weight broadcast failed: {self._error!r}") from self._error
-
     # the sender thread
-    def _run(self) -> None:
+    def _send_loop(self) -> None:
         try:
             self._loop()
         except BaseException as exc:  # surfaced on the next publish/flush

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
-from zbrl.transport.weight_sync.base import NamedTensors
+from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.types import WeightsMessage
 
 if TYPE_CHECKING:  # clients.py imports this module (for WeightStore)
@@ -152,18 +152,17 @@ def cpu_copy(named_tensors: NamedTensors) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in named_tensors.items()}
 
 
-class ObjectStorePublisher:
-    """Consumer side: copy to staging on the calling thread, send from a background thread."""
+class ObjectStorePublisher(BackgroundSender):
+    """Consumer side: copy to staging on the calling thread, send from a background thread.
+    ``_pending``: ``(version, staged tensors, staged at)``."""
+
+    what = "published"
+    failure = "weight publishing"
 
     def __init__(self, store: WeightStoreClient, recorder: SpanRecorder | None = None) -> None:
+        super().__init__("weight-publisher")
         self._store = store
         self._recorder = recorder
-        self._cond = threading.Condition()
-        self._pending: tuple[int, dict[str, torch.Tensor], float] | None = None
-        self._sent_version = -1
-        self._closed = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="weight-publisher", daemon=True)
         self._thread.start()
 
     def publish(self, version: int, named_tensors: NamedTensors) -> None:
@@ -174,32 +173,7 @@ class ObjectStorePublisher:
             self._pending = (version, staged, time.time())
             self._cond.notify_all()
 
-    def flush(self, timeout: float = 120.0) -> None:
-        """Wait until the newest staged version has been announced."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._pending is not None and self._error is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"weights not published within {timeout}s")
-                self._cond.wait(remaining)
-        self._raise_if_failed()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
-
-    @property
-    def sent_version(self) -> int:
-        return self._sent_version
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"weight publishing failed: {self._error!r}") from self._error
-
-    def _loop(self) -> None:
+    def _send_loop(self) -> None:
         while True:
             with self._cond:
                 while self._pending is None and not self._closed:

@@ -1,0 +1,52 @@
+"""What the data-parallel engines (DDP, FSDP2) share: the frozen reference, the loss scaling for
+gradient averaging, and the collectives over the consumers' process group."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from zbrl.algorithms.aggregation import Normalisers
+from zbrl.training import distributed
+
+
+def reference_logits(
+    reference: torch.nn.Module | None, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
+) -> torch.Tensor:
+    """Logits ``[B, T, V]`` of the frozen reference without grad; ValueError when there is none."""
+    if reference is None:
+        raise ValueError("this engine has no reference model (algorithm.beta is 0)")
+    with torch.no_grad():
+        return reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+
+
+class RankedEngine:
+    """Base of the engines whose ranks average gradients over the process group; subclasses set
+    ``world_size``, ``device``, ``reference`` and ``optimizer``."""
+
+    world_size: int
+    device: torch.device
+    reference: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    def reference_logits(
+        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
+    ) -> torch.Tensor:
+        return reference_logits(self.reference, input_ids_BT, attention_BT)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.world_size).backward()  # the reduction averages: scale back to the sum
+
+    def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
+        return distributed.reduce_normalisers(norm, self.device)
+
+    def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
+        return distributed.all_reduce_floats(values, op, self.device)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
