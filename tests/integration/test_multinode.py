@@ -89,12 +89,16 @@ def _cluster_overrides(address: str) -> list[str]:
     ]
 
 
-def test_a_run_spreads_over_nodes_and_trains(cluster, tmp_path):
+def test_a_2x2_run_spreads_over_nodes_and_trains(cluster, tmp_path):
     _, info = cluster
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     overrides = [
         *endless_tiny_run(run_dir, cache),
         *_cluster_overrides(info["address"]),
+        "launch.num_consumers=2",  # two data-parallel consumers (one gloo group, packed)
+        "training.engine=ddp",
+        "launch.producer_num_cpus=0.5",
+        "launch.consumer_num_cpus=0.5",
         "training.max_steps=3",
         "logging.save_final=true",
         # length shaping makes rewards differ inside a group even before answers are right
@@ -111,7 +115,8 @@ def test_a_run_spreads_over_nodes_and_trains(cluster, tmp_path):
     assert returncode == 0, (tmp_path / "stderr.log").read_text()[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     workers = {w["name"]: w for w in summary["workers"]}
-    assert set(workers) == {"producer-0", "producer-1", "consumer-0"}
+    assert set(workers) == {"producer-0", "producer-1", "consumer-0", "consumer-1"}
+    assert workers["consumer-0"]["node_id"] == workers["consumer-1"]["node_id"]  # packed
     nodes = {w["node_id"] for w in workers.values()}
     assert len(nodes) >= 2, workers
     assert nodes <= {info["head"], *info["workers"]}
