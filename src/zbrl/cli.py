@@ -1,4 +1,4 @@
-"""Command line: ``zbrl train|resume|demo|eval|report|validate``."""
+"""Command line: ``zbrl train|resume|demo|eval|report|plan|validate``."""
 
 from __future__ import annotations
 
@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="eval.batch_size")
     p.add_argument("--out", default=None, help="directory for per-sample JSONL")
     p.set_defaults(func=_cmd_eval)
+
+    from zbrl.planning.command import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 

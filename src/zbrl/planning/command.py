@@ -1,0 +1,208 @@
+"""``zbrl plan RUN_DIR ...``: the planner's command line (arguments, table, JSON, plot)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from zbrl.planning.rates import RatesError, RunRates, read_rates
+from zbrl.planning.simulate import Prediction, Shape, simulate
+
+DEFAULT_DP_EFFICIENCY = 0.9
+"""Assumed parallel efficiency of data-parallel consumers when the measured run had another
+number of them (gradient all-reduce and stragglers); ``--dp-efficiency`` overrides it."""
+DEFAULT_STEPS = 200
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="predict throughput and idle shares of another shape from a finished run",
+        description="An event simulation of the run's own buffer and admission rule, driven by "
+        "the rates measured in RUN_DIR (docs/planning.md). Unset options keep the run's values.",
+    )
+    p.add_argument("run_dir", help="a finished run directory (timeline.jsonl, config.yaml, ...)")
+    p.add_argument("--producers", type=int, default=None, help="producers N")
+    p.add_argument("--consumers", type=int, default=None, help="data-parallel consumers M")
+    p.add_argument("--staleness", type=int, default=None, help="transport.max_staleness")
+    p.add_argument("--batch", type=int, default=None, help="groups per step (train_batch_size)")
+    p.add_argument("--group", type=int, default=None, help="completions per prompt")
+    p.add_argument("--gen-scale", type=float, default=1.0, help="× generation time")
+    p.add_argument("--train-scale", type=float, default=1.0, help="× training-step time")
+    p.add_argument(
+        "--cores", type=int, default=None, help="cores the workers share (default: one each)"
+    )
+    p.add_argument(
+        "--dp-efficiency",
+        type=float,
+        default=DEFAULT_DP_EFFICIENCY,
+        help=f"data-parallel efficiency of M>1 consumers (default {DEFAULT_DP_EFFICIENCY})",
+    )
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="simulated steps")
+    p.add_argument(
+        "--search",
+        type=int,
+        default=None,
+        metavar="TOTAL",
+        help="try every split of TOTAL workers into producers + consumers",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", default=None, metavar="PNG", help="with --search: write a plot")
+    p.set_defaults(func=run_plan_command)
+
+
+def shape_from_args(args: argparse.Namespace, rates: RunRates) -> Shape:
+    batch = args.batch if args.batch is not None else rates.train_batch_size
+    return Shape(
+        producers=args.producers if args.producers is not None else rates.num_producers,
+        consumers=args.consumers if args.consumers is not None else rates.num_consumers,
+        max_staleness=args.staleness if args.staleness is not None else rates.max_staleness,
+        train_batch_size=batch,
+        group_size=args.group if args.group is not None else rates.group_size,
+        inference_batch_size=rates.inference_batch_size,
+        inference_microbatch_size=rates.inference_microbatch_size,
+        buffer_capacity=rates.buffer_capacity,
+        gen_scale=args.gen_scale,
+        train_scale=args.train_scale,
+        cores=args.cores,
+        dp_efficiency=args.dp_efficiency,
+        steps=args.steps,
+    )
+
+
+def splits(shape: Shape, total: int) -> list[Shape]:
+    """Every ``producers + consumers == total`` variant of ``shape``."""
+    if total < 2:
+        raise ValueError(f"--search needs at least 2 workers, got {total}")
+    return [replace(shape, producers=p, consumers=total - p) for p in range(1, total)]
+
+
+def run_plan_command(args: argparse.Namespace) -> int:
+    try:
+        rates = read_rates(args.run_dir)
+        shape = shape_from_args(args, rates)
+        if args.plot and args.search is None:
+            raise ValueError("--plot needs --search TOTAL (it plots the splits)")
+        shapes = splits(shape, args.search) if args.search is not None else [shape]
+        predictions = [simulate(rates, s) for s in shapes]
+    except (RatesError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    best = max(predictions, key=lambda p: p.samples_per_s)
+    if args.plot:
+        plot_splits(predictions, Path(args.plot))
+    if args.json:
+        out: dict = dict(best.as_dict())
+        if args.search is not None:
+            out["splits"] = [p.as_dict() for p in predictions]
+        out["measured"] = rates.measured
+        print(json.dumps(out))
+        return 0
+    print(render(rates, predictions, best if args.search is not None else None))
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def render(rates: RunRates, predictions: list[Prediction], best: Prediction | None) -> str:
+    """The measured rates, then one row per predicted shape (``*``: the best split)."""
+    lines = [
+        f"measured in {rates.run_dir} ({rates.num_producers} producer(s) x "
+        f"{rates.num_consumers} consumer(s), batch {rates.train_batch_size}x{rates.group_size})"
+    ]
+    gen = rates.generation
+    lines.append(
+        f"  generate: {gen.intercept_s * 1e3:.1f} ms + {gen.per_response_s * 1e3:.3f} ms/response"
+        + (
+            f" ({rates.generation_tokens_per_s:.0f} tokens/s)"
+            if rates.generation_tokens_per_s
+            else ""
+        )
+    )
+    lines.append(
+        f"  score {rates.score_per_response_s * 1e3:.3f} ms/response, push "
+        f"{rates.push_per_group_s * 1e3:.2f} ms/group, "
+        f"load weights {rates.load_weights_s * 1e3:.1f} ms"
+    )
+    lines.append(
+        f"  train {rates.train_per_group_s * 1e3:.1f} ms/group, step overhead "
+        f"{rates.step_overhead_s * 1e3:.1f} ms, weight sync {rates.weight_sync_s * 1e3:.1f} ms "
+        f"({rates.weight_sync_source})"
+    )
+    if rates.response_length_mean is not None:
+        lines.append(
+            f"  response length mean {rates.response_length_mean:.1f} (per-step p10 "
+            f"{rates.response_length_p10:.1f}, p90 {rates.response_length_p90:.1f})"
+        )
+    m = rates.measured
+    if "samples_per_s" in m:
+        lines.append(
+            f"  the run itself: {m['samples_per_s']:.1f} samples/s over its whole wall time, idle "
+            f"producer {m.get('producer_idle_frac', float('nan')):.0%} consumer "
+            f"{m.get('consumer_idle_frac', float('nan')):.0%}"
+        )
+    lines.append("")
+    header = (
+        "",
+        "producers",
+        "consumers",
+        "staleness",
+        "cores",
+        "samples/s",
+        "steps/s",
+        "prod idle",
+        "cons idle",
+        "mean stale",
+    )
+    rows = [header]
+    for p in predictions:
+        s = p.shape
+        rows.append(
+            (
+                "*" if p is best else "",
+                str(s.producers),
+                str(s.consumers),
+                str(s.max_staleness),
+                str(s.cores) if s.cores is not None else "own",
+                f"{p.samples_per_s:.1f}",
+                f"{p.steps_per_s:.2f}",
+                f"{p.producer_idle_frac:.0%}",
+                f"{p.consumer_idle_frac:.0%}",
+                f"{p.mean_staleness:.2f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
+    if best is not None:
+        lines.append(
+            f"\nbest split: {best.shape.producers} producer(s) + "
+            f"{best.shape.consumers} consumer(s), {best.samples_per_s:.1f} samples/s"
+        )
+    return "\n".join(lines)
+
+
+def plot_splits(predictions: list[Prediction], path: Path) -> None:
+    """Samples/s and idle shares against the number of producers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p.shape.producers for p in predictions]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(xs, [p.samples_per_s for p in predictions], marker="o")
+    a.set_xlabel("producers (the rest consumers)")
+    a.set_ylabel("predicted trained samples/s")
+    b.plot(xs, [p.producer_idle_frac for p in predictions], marker="o", label="producer idle")
+    b.plot(xs, [p.consumer_idle_frac for p in predictions], marker="s", label="consumer idle")
+    b.set_xlabel("producers (the rest consumers)")
+    b.set_ylabel("idle share")
+    b.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)

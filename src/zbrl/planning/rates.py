@@ -1,0 +1,303 @@
+"""The measured rates of a finished run, read from its directory.
+
+Inputs: ``RUN_DIR/timeline.jsonl`` (the spans), ``RUN_DIR/config.yaml`` (the resolved config: batch,
+group size, workers of the run) and ``RUN_DIR/summary.json`` (the run's own idle shares and
+weight-sync latencies, kept for comparison). ``RUN_DIR/metrics.jsonl`` is optional: its per-step
+``response_length`` gives the response-length distribution.
+
+Every rate is a median over the run's spans (robust to the slow first steps and to the odd
+evaluation pause). Producers and consumers of the run are pooled: the rate of "a producer" is the
+median over all producers' spans.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from zbrl.config import ConfigError, RunConfig, load_config
+from zbrl.telemetry.spans import (
+    GENERATE,
+    LOAD_WEIGHTS,
+    MAIN_THREAD,
+    PUBLISH_WEIGHTS,
+    PUSH,
+    SCORE,
+    TRAIN_STEP,
+    WAIT_FOR_DATA,
+    WAIT_FOR_WEIGHTS,
+    Span,
+)
+from zbrl.telemetry.timeline import TIMELINE_FILE, read_timeline
+
+CONFIG_FILE = "config.yaml"
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+class RatesError(ValueError):
+    """A run directory lacks what the planner needs (the message names the file)."""
+
+
+@dataclass(frozen=True)
+class GenerationModel:
+    """Seconds of one ``generate`` call: ``intercept_s + per_response_s * responses``.
+
+    Fitted by least squares when the run made generation calls of several sizes, else
+    ``intercept_s`` is 0 and ``per_response_s`` the median of seconds per response."""
+
+    intercept_s: float
+    per_response_s: float
+    sizes_seen: tuple[int, ...]
+    """Distinct prompt counts of the run's generate calls."""
+
+    def seconds(self, responses: int) -> float:
+        return max(0.0, self.intercept_s + self.per_response_s * responses)
+
+
+@dataclass(frozen=True)
+class RunRates:
+    """What the planner simulates with (seconds; medians over the run)."""
+
+    run_dir: str
+    group_size: int
+    """Completions per prompt in the run (``rollout.generation.num_generations``)."""
+    train_batch_size: int
+    """Groups per training step in the run."""
+    inference_batch_size: int
+    inference_microbatch_size: int
+    max_staleness: int
+    buffer_capacity: int | None
+    num_producers: int
+    num_consumers: int
+    max_steps: int
+    generation: GenerationModel
+    score_per_response_s: float
+    push_per_group_s: float
+    load_weights_s: float
+    """A producer swapping in a new version (its main thread, between batches)."""
+    train_per_group_s: float
+    """One training step of the run's consumers divided by the groups it trained."""
+    step_overhead_s: float
+    """Consumer main-thread time between a train_step's end and the next wait for data
+    (gathering the state dict, staging the publish, bookkeeping)."""
+    weight_sync_s: float
+    """From a step's end until its weights can be loaded by a producer (see
+    :func:`weight_sync_seconds`)."""
+    weight_sync_source: str
+    response_length_mean: float | None
+    response_length_p10: float | None
+    response_length_p90: float | None
+    measured: dict[str, float]
+    """The run's own summary figures (samples/s, idle shares, mean staleness)."""
+
+    @property
+    def generation_tokens_per_s(self) -> float | None:
+        """Generated tokens per second of one producer's generate calls (needs lengths)."""
+        if self.response_length_mean is None or self.generation.per_response_s <= 0:
+            return None
+        size = self.inference_microbatch_size * self.group_size
+        return self.response_length_mean * size / self.generation.seconds(size)
+
+
+def read_rates(run_dir: str | Path) -> RunRates:
+    """Read a finished run directory (see the module docstring); :class:`RatesError` names the
+    missing or unusable file."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RatesError(f"run directory {run_dir} does not exist")
+    cfg = _config(run_dir)
+    summary = _summary(run_dir)
+    try:
+        spans = read_timeline(run_dir)
+    except FileNotFoundError as e:
+        raise RatesError(str(e)) from None
+    timeline = run_dir / TIMELINE_FILE
+    by_name: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        by_name[s.name].append(s)
+    for name in (GENERATE, TRAIN_STEP):
+        if not by_name[name]:
+            raise RatesError(f"{timeline} has no {name!r} spans: the run did not get that far")
+    g = cfg.rollout.generation.num_generations
+    lengths = _response_lengths(run_dir)
+    return RunRates(
+        run_dir=str(run_dir),
+        group_size=g,
+        train_batch_size=cfg.training.train_batch_size,
+        inference_batch_size=cfg.rollout.inference_batch_size,
+        inference_microbatch_size=cfg.rollout.inference_microbatch_size,
+        max_staleness=cfg.transport.max_staleness,
+        buffer_capacity=cfg.transport.buffer_capacity,
+        num_producers=cfg.launch.num_producers,
+        num_consumers=cfg.launch.num_consumers,
+        max_steps=cfg.training.max_steps,
+        generation=generation_model(by_name[GENERATE], g, timeline),
+        score_per_response_s=_per_unit(by_name[SCORE], "responses", 0.0, timeline),
+        push_per_group_s=_per_unit(by_name[PUSH], "groups", 0.0, timeline),
+        load_weights_s=_median([s.duration for s in by_name[LOAD_WEIGHTS]], 0.0),
+        train_per_group_s=_per_unit(by_name[TRAIN_STEP], "groups", None, timeline),
+        step_overhead_s=step_overhead_seconds(spans),
+        **dict(zip(("weight_sync_s", "weight_sync_source"), weight_sync_seconds(spans))),
+        response_length_mean=statistics.fmean(lengths) if lengths else None,
+        response_length_p10=_quantile(lengths, 0.1),
+        response_length_p90=_quantile(lengths, 0.9),
+        measured=_measured(summary),
+    )
+
+
+def generation_model(spans: list[Span], group_size: int, timeline: Path) -> GenerationModel:
+    """Fit seconds per generate call against the responses it made (prompts × group size)."""
+    points = [(_attr(s, "prompts", timeline) * group_size, s.duration) for s in spans]
+    sizes = tuple(sorted({n // group_size for n, _ in points}))
+    if len(sizes) >= 2:
+        xs = [float(n) for n, _ in points]
+        ys = [t for _, t in points]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        if slope > 0:
+            return GenerationModel(my - slope * mx, slope, sizes)
+    per = statistics.median(t / n for n, t in points if n > 0)
+    return GenerationModel(0.0, per, sizes)
+
+
+def step_overhead_seconds(spans: list[Span]) -> float:
+    """Median gap, per consumer main track, between a train_step's end and the next
+    wait_for_data's start."""
+    tracks: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        if (
+            s.role == "consumer"
+            and s.thread == MAIN_THREAD
+            and s.name in (TRAIN_STEP, WAIT_FOR_DATA)
+        ):
+            tracks[s.worker].append(s)
+    gaps = []
+    for track in tracks.values():
+        track.sort(key=lambda s: s.start)
+        for a, b in itertools.pairwise(track):
+            if a.name == TRAIN_STEP and b.name == WAIT_FOR_DATA:
+                gaps.append(max(0.0, b.start - a.end))
+    return _median(gaps, 0.0)
+
+
+def weight_sync_seconds(spans: list[Span]) -> tuple[float, str]:
+    """Seconds from the end of the step that made version ``v`` until a producer can load it.
+
+    Measured directly where a producer waited for exactly that version (a ``wait_for_weights``
+    span with ``reason=staleness, need=v`` that began before step ``v-1`` ended: its end minus that
+    step's end). Otherwise the publish time plus the load time. The run summary's
+    ``weight_sync_latency_*`` is not used: it runs until the producer next loads, which includes
+    the generation batch it was in the middle of."""
+    step_end: dict[int, float] = {}
+    publish: list[float] = []
+    loads: list[float] = []
+    for s in spans:
+        if s.name == TRAIN_STEP and "step" in s.attrs:
+            step = int(s.attrs["step"])
+            step_end[step] = max(step_end.get(step, 0.0), s.end)
+        elif s.name == PUBLISH_WEIGHTS:
+            publish.append(s.duration)
+        elif s.name == LOAD_WEIGHTS:
+            loads.append(s.duration)
+    direct = []
+    for s in spans:
+        if s.name == WAIT_FOR_WEIGHTS and s.attrs.get("reason") == "staleness":
+            end = step_end.get(int(s.attrs.get("need", 0)) - 1)
+            if end is not None and s.start < end <= s.end:
+                direct.append(s.end - end)
+    if direct:
+        return statistics.median(direct), f"measured at {len(direct)} staleness waits"
+    if publish:
+        return _median(publish, 0.0) + _median(loads, 0.0), "publish + load spans"
+    return 0.0, "no weight-sync spans (taken as 0)"
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def _config(run_dir: Path) -> RunConfig:
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise RatesError(f"no resolved config at {path}: is {run_dir} a zbrl run directory?")
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise RatesError(f"{path} is not a valid zbrl config: {e}") from None
+
+
+def _summary(run_dir: Path) -> dict:
+    path = run_dir / SUMMARY_FILE
+    if not path.is_file():
+        raise RatesError(
+            f"no {SUMMARY_FILE} at {path}: the run did not finish (plan needs a finished run)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RatesError(f"{path} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise RatesError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _response_lengths(run_dir: Path) -> list[float]:
+    """Per-step mean response lengths from ``metrics.jsonl`` (empty when it is absent)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("response_length"), (int, float)):
+            out.append(float(record["response_length"]))
+    return out
+
+
+def _measured(summary: dict) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in ("producer_idle_frac", "consumer_idle_frac", "mean_staleness", "wall_s"):
+        if isinstance(summary.get(key), (int, float)):
+            out[key] = float(summary[key])
+    if isinstance(summary.get("samples_trained"), (int, float)) and out.get("wall_s"):
+        out["samples_per_s"] = float(summary["samples_trained"]) / out["wall_s"]
+    return out
+
+
+# -- small helpers -------------------------------------------------------------------------------
+
+
+def _attr(span: Span, key: str, timeline: Path) -> int:
+    value = span.attrs.get(key)
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise RatesError(
+            f"{timeline}: a {span.name!r} span of {span.worker} lacks a positive {key!r} attribute"
+        )
+    return int(value)
+
+
+def _per_unit(spans: list[Span], key: str, empty: float | None, timeline: Path) -> float:
+    if not spans:
+        if empty is None:
+            raise RatesError(f"{timeline} has no spans to measure {key!r} from")
+        return empty
+    return statistics.median(s.duration / _attr(s, key, timeline) for s in spans)
+
+
+def _median(values: list[float], empty: float) -> float:
+    return statistics.median(values) if values else empty
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
