@@ -330,6 +330,9 @@ class _Simulation:
         start = self.step_ends[first]
         first_step = first + 1  # the steps that end inside the window
         end = self.step_ends[-1]
+        for a in self.activities:  # still running when the last step ended: busy until then
+            self.busy.setdefault(a.owner, []).append((a.started, end))
+        self.activities = []
         window = end - start
         samples = sum(self.samples_per_step[first_step:])
         n_steps = len(self.step_ends) - first_step

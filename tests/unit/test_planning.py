@@ -1,0 +1,304 @@
+"""The capacity planner: rates read from a run directory, and the event simulation over the real
+RolloutBuffer checked against cases computable by hand."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from zbrl.cli import DEMO_RECIPE, main
+from zbrl.config import load_config, resolved_yaml
+from zbrl.planning import RatesError, RunRates, Shape, read_rates, simulate
+from zbrl.planning.rates import GenerationModel
+from zbrl.telemetry.spans import Span
+from zbrl.telemetry.timeline import TimelineWriter
+
+G = 8  # the demo recipe's group size
+B = 8  # and its groups per step (= inference batch size)
+
+
+def _span(worker: str, name: str, start: float, end: float, thread: str = "main", **attrs):
+    role = worker.split("-")[0]
+    return Span(worker, role, name, start, end, thread, attrs)
+
+
+def write_run(run_dir: Path, *, with_metrics: bool = True) -> Path:
+    """A run directory with spans whose rates are known exactly.
+
+    Generation: 8 prompts take 1.0 s, 4 prompts 0.6 s (so 0.2 s + 0.4/32 s per response);
+    scoring 1 ms per response; pushing 1 ms per group; loading weights 5 ms; a step of 8 groups
+    0.5 s followed by 20 ms of bookkeeping; each staleness wait ends 40 ms after the step that
+    makes the version it needs."""
+    run_dir.mkdir(parents=True)
+    spans = []
+    t = 100.0
+    for k in range(6):
+        prompts = 8 if k % 2 == 0 else 4
+        gen = 1.0 if prompts == 8 else 0.6
+        spans.append(_span("producer-0", "wait_for_weights", t, t + 0.3, reason="admission"))
+        t += 0.3
+        spans.append(_span("producer-0", "load_weights", t, t + 0.005, version=k))
+        t += 0.005
+        spans.append(_span("producer-0", "generate", t, t + gen, prompts=prompts, version=k))
+        t += gen
+        spans.append(
+            _span("producer-0", "score", t, t + 0.001 * prompts * G, responses=prompts * G)
+        )
+        t += 0.001 * prompts * G
+        spans.append(_span("producer-0", "push", t, t + 0.001 * prompts, groups=prompts))
+        t += 0.001 * prompts
+    c = 100.0
+    for step in range(5):
+        spans.append(_span("consumer-0", "wait_for_data", c, c + 0.1, step=step))
+        c += 0.1
+        spans.append(_span("consumer-0", "train_step", c, c + 0.5, step=step, groups=B))
+        spans.append(
+            _span("consumer-0", "publish_weights", c + 0.5, c + 0.53, "weights", version=step + 1)
+        )
+        # a producer already waiting for this step's weights gets them 40 ms after the step
+        spans.append(
+            _span(
+                "producer-1",
+                "wait_for_weights",
+                c + 0.2,
+                c + 0.54,
+                reason="staleness",
+                need=step + 1,
+            )
+        )
+        c += 0.5 + 0.02
+    TimelineWriter(run_dir).write(spans)
+    cfg = load_config(DEMO_RECIPE)
+    (run_dir / "config.yaml").write_text(resolved_yaml(cfg), encoding="utf-8")
+    summary = {
+        "wall_s": 10.0,
+        "samples_trained": 320,
+        "producer_idle_frac": 0.3,
+        "consumer_idle_frac": 0.2,
+        "mean_staleness": 0.9,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    if with_metrics:
+        lines = [{"step": 0, "eval_accuracy": 0.5}] + [
+            {"step": s, "response_length": float(10 + s)} for s in range(1, 11)
+        ]
+        (run_dir / "metrics.jsonl").write_text(
+            "\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8"
+        )
+    return run_dir
+
+
+def test_rates_match_the_spans_written(tmp_path):
+    rates = read_rates(write_run(tmp_path / "run"))
+    assert (rates.group_size, rates.train_batch_size) == (G, B)
+    assert rates.generation.sizes_seen == (4, 8)
+    assert rates.generation.per_response_s == pytest.approx(0.4 / 32)
+    assert rates.generation.intercept_s == pytest.approx(0.2)
+    assert rates.generation.seconds(64) == pytest.approx(1.0)
+    assert rates.score_per_response_s == pytest.approx(0.001)
+    assert rates.push_per_group_s == pytest.approx(0.001)
+    assert rates.load_weights_s == pytest.approx(0.005)
+    assert rates.train_per_group_s == pytest.approx(0.5 / B)
+    assert rates.step_overhead_s == pytest.approx(0.02)
+    assert rates.weight_sync_s == pytest.approx(0.04)
+    assert "staleness waits" in rates.weight_sync_source
+    assert rates.response_length_mean == pytest.approx(15.5)
+    assert rates.measured["samples_per_s"] == pytest.approx(32.0)
+
+
+def test_one_generation_size_gives_a_per_response_rate(tmp_path):
+    run_dir = write_run(tmp_path / "run", with_metrics=False)
+    lines = (run_dir / "timeline.jsonl").read_text().splitlines()
+    keep = [x for x in lines if '"prompts": 4' not in x]
+    (run_dir / "timeline.jsonl").write_text("\n".join(keep) + "\n")
+    rates = read_rates(run_dir)
+    assert rates.generation.sizes_seen == (8,)
+    assert rates.generation.intercept_s == 0.0
+    assert rates.generation.per_response_s == pytest.approx(1.0 / 64)
+    assert rates.response_length_mean is None and rates.generation_tokens_per_s is None
+
+
+def test_weight_sync_falls_back_to_publish_plus_load(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    lines = (run_dir / "timeline.jsonl").read_text().splitlines()
+    keep = [x for x in lines if '"staleness"' not in x]
+    (run_dir / "timeline.jsonl").write_text("\n".join(keep) + "\n")
+    rates = read_rates(run_dir)
+    assert rates.weight_sync_s == pytest.approx(0.03 + 0.005)
+
+
+@pytest.mark.parametrize("missing", ["timeline.jsonl", "config.yaml", "summary.json"])
+def test_a_missing_file_is_named(tmp_path, missing):
+    run_dir = write_run(tmp_path / "run")
+    (run_dir / missing).unlink()
+    with pytest.raises(RatesError, match=missing.replace(".", r"\.")):
+        read_rates(run_dir)
+
+
+def test_bad_run_dirs_are_refused(tmp_path, capsys):
+    with pytest.raises(RatesError, match="does not exist"):
+        read_rates(tmp_path / "nope")
+    run_dir = write_run(tmp_path / "run")
+    (run_dir / "summary.json").write_text("{not json")
+    with pytest.raises(RatesError, match=r"summary\.json is not JSON"):
+        read_rates(run_dir)
+    (run_dir / "summary.json").write_text("{}")
+    (run_dir / "timeline.jsonl").write_text(
+        json.dumps(_span("consumer-0", "train_step", 0, 1, groups=8).to_dict()) + "\n"
+    )
+    with pytest.raises(RatesError, match="no 'generate' spans"):
+        read_rates(run_dir)
+    assert main(["plan", str(tmp_path / "nope")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+# -- the simulation ------------------------------------------------------------------------------
+
+
+def simple_rates(gen_s: float, train_s: float, sync_s: float = 0.0) -> RunRates:
+    """A run whose producer batch (8 prompts × 8) takes ``gen_s`` and whose step takes
+    ``train_s``; nothing else costs time."""
+    return RunRates(
+        run_dir="synthetic",
+        group_size=G,
+        train_batch_size=B,
+        inference_batch_size=B,
+        inference_microbatch_size=B,
+        max_staleness=1,
+        buffer_capacity=None,
+        num_producers=1,
+        num_consumers=1,
+        max_steps=100,
+        generation=GenerationModel(0.0, gen_s / (B * G), (B,)),
+        score_per_response_s=0.0,
+        push_per_group_s=0.0,
+        load_weights_s=0.0,
+        train_per_group_s=train_s / B,
+        step_overhead_s=0.0,
+        weight_sync_s=sync_s,
+        weight_sync_source="synthetic",
+        response_length_mean=None,
+        response_length_p10=None,
+        response_length_p90=None,
+        measured={},
+    )
+
+
+def shape(**changes) -> Shape:
+    base = Shape(
+        producers=1,
+        consumers=1,
+        max_staleness=0,
+        train_batch_size=B,
+        group_size=G,
+        inference_batch_size=B,
+        inference_microbatch_size=B,
+        buffer_capacity=None,
+        gen_scale=1.0,
+        train_scale=1.0,
+        cores=None,
+        dp_efficiency=0.9,
+        steps=100,
+    )
+    return replace(base, **changes)
+
+
+def test_staleness_zero_is_the_synchronous_loop():
+    p = simulate(simple_rates(1.0, 0.5), shape(max_staleness=0))
+    assert p.samples_per_s == pytest.approx(B * G / 1.5)
+    assert p.consumer_idle_frac == pytest.approx(1.0 / 1.5)
+    assert p.producer_idle_frac == pytest.approx(0.5 / 1.5)
+    assert p.mean_staleness == 0.0 and p.max_staleness == 0
+
+
+def test_weight_sync_latency_adds_to_the_synchronous_cycle():
+    p = simulate(simple_rates(1.0, 0.5, sync_s=0.2), shape(max_staleness=0))
+    assert p.samples_per_s == pytest.approx(B * G / 1.7)
+    assert p.producer_idle_frac == pytest.approx(0.7 / 1.7)
+
+
+def test_large_staleness_is_bound_by_the_slower_side():
+    producer_bound = simulate(simple_rates(1.0, 0.5), shape(max_staleness=4))
+    assert producer_bound.samples_per_s == pytest.approx(B * G / 1.0)
+    assert producer_bound.consumer_idle_frac == pytest.approx(1 - 0.5 / 1.0)
+    assert producer_bound.producer_idle_frac == pytest.approx(0.0, abs=1e-9)
+    consumer_bound = simulate(simple_rates(0.5, 1.0), shape(max_staleness=4))
+    assert consumer_bound.samples_per_s == pytest.approx(B * G / 1.0)
+    assert consumer_bound.producer_idle_frac == pytest.approx(1 - 0.5 / 1.0)
+    assert consumer_bound.consumer_idle_frac == pytest.approx(0.0, abs=1e-9)
+    assert consumer_bound.mean_staleness > producer_bound.mean_staleness
+
+
+def test_producers_add_up_until_the_consumer_is_the_bottleneck():
+    rates = simple_rates(1.0, 0.3)
+    # the two producers finish together, so steps come in pairs: the steady-state window (from a
+    # step's end to the last one's) is off by a fraction of a pair, hence the tolerance
+    two = simulate(rates, shape(producers=2, max_staleness=2, steps=400))
+    assert two.samples_per_s == pytest.approx(2 * B * G / 1.0, rel=5e-3)
+    assert two.consumer_idle_frac == pytest.approx(1 - 0.3 / 0.5, rel=5e-3)
+    five = simulate(rates, shape(producers=5, max_staleness=4))
+    assert five.samples_per_s == pytest.approx(B * G / 0.3)
+    assert five.consumer_idle_frac == pytest.approx(0.0, abs=1e-9)
+
+
+def test_shared_cores_add_the_work_of_both_sides():
+    # one core for a producer (1 s/batch) and a consumer (0.5 s/step) that never wait for each
+    # other: the core does 1.5 s of work per step
+    p = simulate(simple_rates(1.0, 0.5), shape(max_staleness=8, cores=1))
+    assert p.samples_per_s == pytest.approx(B * G / 1.5)
+    roomy = simulate(simple_rates(1.0, 0.5), shape(max_staleness=8, cores=2))
+    assert roomy.samples_per_s == pytest.approx(B * G / 1.0)
+
+
+def test_data_parallel_consumers_split_the_step():
+    rates = simple_rates(0.1, 1.0)
+    p = simulate(rates, shape(consumers=2, producers=4, max_staleness=4))
+    assert p.step_s == pytest.approx(1.0 / (2 * 0.9))
+    assert p.samples_per_s == pytest.approx(B * G / p.step_s)
+    measured_two = replace(rates, num_consumers=2)  # the run had them: its step is used as is
+    assert simulate(measured_two, shape(consumers=2)).step_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("producers", [1, 2, 3])
+@pytest.mark.parametrize("staleness", [0, 1, 3])
+def test_the_staleness_bound_holds_in_the_trace(producers, staleness):
+    rates = replace(simple_rates(0.7, 0.4, sync_s=0.05), inference_batch_size=3)
+    s = shape(producers=producers, max_staleness=staleness, inference_batch_size=3, steps=60)
+    p = simulate(rates, s)
+    assert len(p.staleness_trace) == 60 * B
+    assert max(p.staleness_trace) <= staleness
+    assert p.max_staleness <= staleness and p.groups_dropped_stale == 0
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="producers must be >= 1"):
+        simulate(simple_rates(1, 1), shape(producers=0))
+    with pytest.raises(ValueError, match="dp_efficiency"):
+        simulate(simple_rates(1, 1), shape(dp_efficiency=0))
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def test_json_has_the_promised_keys(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run")
+    assert main(["plan", str(run_dir), "--producers", "2", "--consumers", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("samples_per_s", "producer_idle_frac", "consumer_idle_frac", "mean_staleness"):
+        assert isinstance(out[key], float)
+    assert (out["producers"], out["consumers"]) == (2, 1)
+
+
+def test_search_tries_every_split_and_marks_the_best(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run")
+    assert main(["plan", str(run_dir), "--search", "4", "--json", "--staleness", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    splits = out["splits"]
+    assert [(s["producers"], s["consumers"]) for s in splits] == [(1, 3), (2, 2), (3, 1)]
+    assert out["samples_per_s"] == max(s["samples_per_s"] for s in splits)
+    assert main(["plan", str(run_dir), "--search", "3"]) == 0
+    table = capsys.readouterr().out
+    assert "best split" in table and "samples/s" in table
