@@ -302,3 +302,20 @@ def test_search_tries_every_split_and_marks_the_best(tmp_path, capsys):
     assert main(["plan", str(run_dir), "--search", "3"]) == 0
     table = capsys.readouterr().out
     assert "best split" in table and "samples/s" in table
+
+
+def test_flags_reach_the_simulation(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run")
+
+    def plan(*flags: str) -> dict:
+        assert main(["plan", str(run_dir), "--json", "--staleness", "0", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    base = plan()
+    slower_sync = plan("--weight-sync-s", "1.0")
+    # synchronous: the cycle grows by the weight sync given instead of the measured 40 ms
+    cycle = B * G / base["samples_per_s"]
+    assert B * G / slower_sync["samples_per_s"] == pytest.approx(cycle - 0.04 + 1.0)
+    assert plan("--train-scale", "2")["step_s"] == pytest.approx(2 * base["step_s"])
+    assert plan("--batch", "4", "--group", "4")["step_s"] == pytest.approx(base["step_s"] / 4)
+    assert plan("--inference-batch", "4")["producer_batch_s"] < base["producer_batch_s"]

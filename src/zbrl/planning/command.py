@@ -30,6 +30,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--staleness", type=int, default=None, help="transport.max_staleness")
     p.add_argument("--batch", type=int, default=None, help="groups per step (train_batch_size)")
     p.add_argument("--group", type=int, default=None, help="completions per prompt")
+    p.add_argument(
+        "--inference-batch", type=int, default=None, help="groups a producer reserves at once"
+    )
+    p.add_argument(
+        "--weight-sync-s", type=float, default=None, help="override the measured weight sync (s)"
+    )
     p.add_argument("--gen-scale", type=float, default=1.0, help="× generation time")
     p.add_argument("--train-scale", type=float, default=1.0, help="× training-step time")
     p.add_argument(
@@ -62,7 +68,9 @@ def shape_from_args(args: argparse.Namespace, rates: RunRates) -> Shape:
         max_staleness=args.staleness if args.staleness is not None else rates.max_staleness,
         train_batch_size=batch,
         group_size=args.group if args.group is not None else rates.group_size,
-        inference_batch_size=rates.inference_batch_size,
+        inference_batch_size=(
+            args.inference_batch if args.inference_batch is not None else rates.inference_batch_size
+        ),
         inference_microbatch_size=rates.inference_microbatch_size,
         buffer_capacity=rates.buffer_capacity,
         gen_scale=args.gen_scale,
@@ -83,6 +91,8 @@ def splits(shape: Shape, total: int) -> list[Shape]:
 def run_plan_command(args: argparse.Namespace) -> int:
     try:
         rates = read_rates(args.run_dir)
+        if args.weight_sync_s is not None:
+            rates = replace(rates, weight_sync_s=args.weight_sync_s, weight_sync_source="given")
         shape = shape_from_args(args, rates)
         if args.plot and args.search is None:
             raise ValueError("--plot needs --search TOTAL (it plots the splits)")

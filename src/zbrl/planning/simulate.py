@@ -337,10 +337,10 @@ class _Simulation:
         samples = sum(self.samples_per_step[first_step:])
         n_steps = len(self.step_ends) - first_step
         producer_idle = [
-            1.0 - _covered(self.busy.get(f"producer-{p}", []), start, end) / window
+            max(0.0, 1.0 - _covered(self.busy.get(f"producer-{p}", []), start, end) / window)
             for p in range(self.shape.producers)
         ]
-        consumer_idle = 1.0 - _covered(self.busy.get("consumer", []), start, end) / window
+        consumer_idle = max(0.0, 1.0 - _covered(self.busy.get("consumer", []), start, end) / window)
         return Prediction(
             shape=self.shape,
             samples_per_s=samples / window,
