@@ -12,6 +12,7 @@ import pytest
 from zbrl.cli import DEMO_RECIPE, main
 from zbrl.config import load_config, resolved_yaml
 from zbrl.planning import RatesError, RunRates, Shape, read_rates, simulate
+from zbrl.planning.contention import SpeedProfile, as_single_core
 from zbrl.planning.rates import GenerationModel
 from zbrl.telemetry.spans import Span
 from zbrl.telemetry.timeline import TimelineWriter
@@ -155,6 +156,31 @@ def test_bad_run_dirs_are_refused(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_time_shared_spans_become_single_core_work():
+    spans = [
+        _span("producer-0", "generate", 0.0, 2.0, prompts=8),
+        _span("consumer-0", "train_step", 0.0, 1.0, groups=8),
+        _span("consumer-0", "wait_for_data", 1.0, 2.0),  # waiting takes no core
+        _span("consumer-0", "publish_weights", 1.0, 2.0, "weights"),  # nor a background thread
+    ]
+    one = SpeedProfile(spans, cores=1)
+    assert one.work(spans[0]) == pytest.approx(0.5 + 1.0)  # half a core, then a whole one
+    assert one.work(spans[1]) == pytest.approx(0.5)
+    two = SpeedProfile(spans, cores=2)
+    assert [two.work(s) for s in spans[:2]] == pytest.approx([2.0, 1.0])
+    shortened = as_single_core(spans, 1, frozenset({"generate"}))
+    assert shortened[0].end == pytest.approx(1.5) and shortened[1].end == 1.0
+
+
+def test_run_cores_rescale_only_contended_rates(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    plain = read_rates(run_dir)
+    assert read_rates(run_dir, run_cores=8) == replace(plain, run_cores=8)
+    shared = read_rates(run_dir, run_cores=1)
+    assert shared.train_per_group_s < plain.train_per_group_s
+    assert shared.step_overhead_s == plain.step_overhead_s  # gaps stay wall time
+
+
 # -- the simulation ------------------------------------------------------------------------------
 
 
@@ -172,6 +198,7 @@ def simple_rates(gen_s: float, train_s: float, sync_s: float = 0.0) -> RunRates:
         num_producers=1,
         num_consumers=1,
         max_steps=100,
+        run_cores=None,
         generation=GenerationModel(0.0, gen_s / (B * G), (B,)),
         score_per_response_s=0.0,
         push_per_group_s=0.0,

@@ -42,6 +42,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "--cores", type=int, default=None, help="cores the workers share (default: one each)"
     )
     p.add_argument(
+        "--run-cores",
+        type=int,
+        default=None,
+        help="cores the measured run's workers shared: its busy spans become single-core work",
+    )
+    p.add_argument(
         "--dp-efficiency",
         type=float,
         default=DEFAULT_DP_EFFICIENCY,
@@ -90,7 +96,7 @@ def splits(shape: Shape, total: int) -> list[Shape]:
 
 def run_plan_command(args: argparse.Namespace) -> int:
     try:
-        rates = read_rates(args.run_dir)
+        rates = read_rates(args.run_dir, args.run_cores)
         if args.weight_sync_s is not None:
             rates = replace(rates, weight_sync_s=args.weight_sync_s, weight_sync_source="given")
         shape = shape_from_args(args, rates)
@@ -121,7 +127,9 @@ def render(rates: RunRates, predictions: list[Prediction], best: Prediction | No
     """The measured rates, then one row per predicted shape (``*``: the best split)."""
     lines = [
         f"measured in {rates.run_dir} ({rates.num_producers} producer(s) x "
-        f"{rates.num_consumers} consumer(s), batch {rates.train_batch_size}x{rates.group_size})"
+        f"{rates.num_consumers} consumer(s), batch {rates.train_batch_size}x{rates.group_size}"
+        + (f", busy rates per core of {rates.run_cores}" if rates.run_cores else "")
+        + ")"
     ]
     gen = rates.generation
     lines.append(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zbrl.config import ConfigError, RunConfig, load_config
+from zbrl.planning.contention import as_single_core
 from zbrl.telemetry.spans import (
     GENERATE,
     LOAD_WEIGHTS,
@@ -37,6 +38,8 @@ from zbrl.telemetry.timeline import TIMELINE_FILE, read_timeline
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
+WORK_SPANS = frozenset({GENERATE, SCORE, PUSH, LOAD_WEIGHTS, TRAIN_STEP})
+"""Spans whose duration is CPU work (what ``run_cores`` converts)."""
 
 
 class RatesError(ValueError):
@@ -75,6 +78,9 @@ class RunRates:
     num_producers: int
     num_consumers: int
     max_steps: int
+    run_cores: int | None
+    """Cores the run's workers shared, when given: the busy rates below are then single-core
+    work (None: taken as measured)."""
     generation: GenerationModel
     score_per_response_s: float
     push_per_group_s: float
@@ -104,9 +110,13 @@ class RunRates:
         return self.response_length_mean * size / self.generation.seconds(size)
 
 
-def read_rates(run_dir: str | Path) -> RunRates:
+def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
     """Read a finished run directory (see the module docstring); :class:`RatesError` names the
-    missing or unusable file."""
+    missing or unusable file.
+
+    ``run_cores``: the cores the run's workers shared. Given, the busy spans (generation, scoring,
+    push, weight loading, training) are converted to single-core work first
+    (:mod:`zbrl.planning.contention`); the gaps and waits stay wall time."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RatesError(f"run directory {run_dir} does not exist")
@@ -117,14 +127,18 @@ def read_rates(run_dir: str | Path) -> RunRates:
     except FileNotFoundError as e:
         raise RatesError(str(e)) from None
     timeline = run_dir / TIMELINE_FILE
+    work = spans
+    if run_cores is not None:
+        work = as_single_core(spans, run_cores, WORK_SPANS)
     by_name: dict[str, list[Span]] = defaultdict(list)
-    for s in spans:
+    for s in work:
         by_name[s.name].append(s)
     for name in (GENERATE, TRAIN_STEP):
         if not by_name[name]:
             raise RatesError(f"{timeline} has no {name!r} spans: the run did not get that far")
     g = cfg.rollout.generation.num_generations
     lengths = _response_lengths(run_dir)
+    sync_s, sync_source = weight_sync_seconds(spans)
     return RunRates(
         run_dir=str(run_dir),
         group_size=g,
@@ -136,13 +150,15 @@ def read_rates(run_dir: str | Path) -> RunRates:
         num_producers=cfg.launch.num_producers,
         num_consumers=cfg.launch.num_consumers,
         max_steps=cfg.training.max_steps,
+        run_cores=run_cores,
         generation=generation_model(by_name[GENERATE], g, timeline),
         score_per_response_s=_per_unit(by_name[SCORE], "responses", 0.0, timeline),
         push_per_group_s=_per_unit(by_name[PUSH], "groups", 0.0, timeline),
         load_weights_s=_median([s.duration for s in by_name[LOAD_WEIGHTS]], 0.0),
         train_per_group_s=_per_unit(by_name[TRAIN_STEP], "groups", None, timeline),
         step_overhead_s=step_overhead_seconds(spans),
-        **dict(zip(("weight_sync_s", "weight_sync_source"), weight_sync_seconds(spans))),
+        weight_sync_s=sync_s,
+        weight_sync_source=sync_source,
         response_length_mean=statistics.fmean(lengths) if lengths else None,
         response_length_p10=_quantile(lengths, 0.1),
         response_length_p90=_quantile(lengths, 0.9),
