@@ -346,3 +346,12 @@ def test_flags_reach_the_simulation(tmp_path, capsys):
     assert plan("--train-scale", "2")["step_s"] == pytest.approx(2 * base["step_s"])
     assert plan("--batch", "4", "--group", "4")["step_s"] == pytest.approx(base["step_s"] / 4)
     assert plan("--inference-batch", "4")["producer_batch_s"] < base["producer_batch_s"]
+
+
+def test_plot_of_the_splits(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run")
+    png = tmp_path / "out" / "split.png"
+    assert main(["plan", str(run_dir), "--search", "3", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plan", str(run_dir), "--plot", str(png)]) == 1
+    assert "--plot needs --search" in capsys.readouterr().err
