@@ -108,6 +108,11 @@ def test_rates_match_the_spans_written(tmp_path):
     assert "staleness waits" in rates.weight_sync_source
     assert rates.response_length_mean == pytest.approx(15.5)
     assert rates.measured["samples_per_s"] == pytest.approx(32.0)
+    # the spans lie exactly on the fitted line and the median step: no spread around them
+    assert rates.generation_spread == pytest.approx((1.0,) * 6)
+    assert rates.train_spread == pytest.approx((1.0,) * 5)
+    # the run's own steady state: steps 1..4 end 0.62 s apart, 8 groups x 8 each
+    assert rates.measured["steady_samples_per_s"] == pytest.approx(B * G / 0.62)
 
 
 def test_one_generation_size_gives_a_per_response_rate(tmp_path):
@@ -204,6 +209,8 @@ def simple_rates(gen_s: float, train_s: float, sync_s: float = 0.0) -> RunRates:
         push_per_group_s=0.0,
         load_weights_s=0.0,
         train_per_group_s=train_s / B,
+        generation_spread=(),
+        train_spread=(),
         step_overhead_s=0.0,
         weight_sync_s=sync_s,
         weight_sync_source="synthetic",
@@ -229,6 +236,7 @@ def shape(**changes) -> Shape:
         cores=None,
         dp_efficiency=0.9,
         steps=100,
+        seed=None,
     )
     return replace(base, **changes)
 
@@ -298,6 +306,17 @@ def test_the_staleness_bound_holds_in_the_trace(producers, staleness):
     assert len(p.staleness_trace) == 60 * B
     assert max(p.staleness_trace) <= staleness
     assert p.max_staleness <= staleness and p.groups_dropped_stale == 0
+
+
+def test_the_spread_of_the_run_makes_bubbles_the_medians_hide():
+    balanced = replace(simple_rates(1.0, 1.0), generation_spread=(0.5, 1.5))
+    medians = simulate(balanced, shape(max_staleness=1, steps=400))
+    assert medians.consumer_idle_frac == pytest.approx(0.0, abs=1e-9)
+    drawn = simulate(balanced, shape(max_staleness=1, steps=400, seed=3))
+    assert drawn.consumer_idle_frac > 0.05
+    assert drawn.samples_per_s < medians.samples_per_s
+    again = simulate(balanced, shape(max_staleness=1, steps=400, seed=3))
+    assert again.samples_per_s == drawn.samples_per_s  # seeded: reproducible
 
 
 def test_bad_shapes_are_refused():

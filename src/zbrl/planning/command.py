@@ -55,6 +55,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="simulated steps")
     p.add_argument(
+        "--medians",
+        action="store_true",
+        help="every batch and step takes the median time (default: drawn from the run's spread)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of those draws")
+    p.add_argument(
         "--search",
         type=int,
         default=None,
@@ -84,6 +90,7 @@ def shape_from_args(args: argparse.Namespace, rates: RunRates) -> Shape:
         cores=args.cores,
         dp_efficiency=args.dp_efficiency,
         steps=args.steps,
+        seed=None if args.medians else args.seed,
     )
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from zbrl.config import ConfigError, RunConfig, load_config
 from zbrl.planning.contention import as_single_core
+from zbrl.telemetry.idle import worker_utilisation
 from zbrl.telemetry.spans import (
     GENERATE,
     LOAD_WEIGHTS,
@@ -38,6 +39,8 @@ from zbrl.telemetry.timeline import TIMELINE_FILE, read_timeline
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
+WARMUP_FRACTION = 0.1
+"""Share of the steps left out of the steady-state figures (simulated and measured alike)."""
 WORK_SPANS = frozenset({GENERATE, SCORE, PUSH, LOAD_WEIGHTS, TRAIN_STEP})
 """Spans whose duration is CPU work (what ``run_cores`` converts)."""
 
@@ -87,6 +90,11 @@ class RunRates:
     load_weights_s: float
     """A producer swapping in a new version (its main thread, between batches)."""
     train_per_group_s: float
+    generation_spread: tuple[float, ...]
+    """Each generate span's duration over the model's prediction for it (its spread around the
+    model; the simulation draws from it unless told to use the medians)."""
+    train_spread: tuple[float, ...]
+    """Each train_step's seconds per group over ``train_per_group_s``."""
     """One training step of the run's consumers divided by the groups it trained."""
     step_overhead_s: float
     """Consumer main-thread time between a train_step's end and the next wait for data
@@ -139,6 +147,8 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
     g = cfg.rollout.generation.num_generations
     lengths = _response_lengths(run_dir)
     sync_s, sync_source = weight_sync_seconds(spans)
+    gen = generation_model(by_name[GENERATE], g, timeline)
+    train_per_group = _per_unit(by_name[TRAIN_STEP], "groups", None, timeline)
     return RunRates(
         run_dir=str(run_dir),
         group_size=g,
@@ -151,18 +161,28 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         num_consumers=cfg.launch.num_consumers,
         max_steps=cfg.training.max_steps,
         run_cores=run_cores,
-        generation=generation_model(by_name[GENERATE], g, timeline),
+        generation=gen,
         score_per_response_s=_per_unit(by_name[SCORE], "responses", 0.0, timeline),
         push_per_group_s=_per_unit(by_name[PUSH], "groups", 0.0, timeline),
         load_weights_s=_median([s.duration for s in by_name[LOAD_WEIGHTS]], 0.0),
-        train_per_group_s=_per_unit(by_name[TRAIN_STEP], "groups", None, timeline),
+        train_per_group_s=train_per_group,
+        generation_spread=tuple(
+            s.duration / gen.seconds(_attr(s, "prompts", timeline) * g)
+            for s in by_name[GENERATE]
+            if gen.seconds(_attr(s, "prompts", timeline) * g) > 0
+        ),
+        train_spread=tuple(
+            s.duration / _attr(s, "groups", timeline) / train_per_group
+            for s in by_name[TRAIN_STEP]
+            if train_per_group > 0
+        ),
         step_overhead_s=step_overhead_seconds(spans),
         weight_sync_s=sync_s,
         weight_sync_source=sync_source,
         response_length_mean=statistics.fmean(lengths) if lengths else None,
         response_length_p10=_quantile(lengths, 0.1),
         response_length_p90=_quantile(lengths, 0.9),
-        measured=_measured(summary),
+        measured={**_measured(summary), **steady_state_figures(spans, g)},
     )
 
 
@@ -232,6 +252,34 @@ def weight_sync_seconds(spans: list[Span]) -> tuple[float, str]:
     if publish:
         return _median(publish, 0.0) + _median(loads, 0.0), "publish + load spans"
     return 0.0, "no weight-sync spans (taken as 0)"
+
+
+def steady_state_figures(spans: list[Span], group_size: int) -> dict[str, float]:
+    """The run's own figures over the window the simulation reports (from the end of the first
+    tenth of the steps to the end of the last), to compare a prediction with like for like:
+    ``steady_samples_per_s``, ``steady_producer_idle_frac``, ``steady_consumer_idle_frac`` (means
+    over the workers of each role). Empty when the run made fewer than two steps."""
+    ends: dict[int, tuple[float, int]] = {}
+    for s in spans:
+        if s.name == TRAIN_STEP and "step" in s.attrs:
+            step = int(s.attrs["step"])
+            end, _ = ends.get(step, (0.0, 0))
+            ends[step] = (max(end, s.end), int(s.attrs.get("groups", 0)))
+    steps = sorted(ends)
+    if len(steps) < 2:
+        return {}
+    first = max(0, min(len(steps) - 2, int(len(steps) * WARMUP_FRACTION)))
+    start, end = ends[steps[first]][0], ends[steps[-1]][0]
+    if not end > start:
+        return {}
+    samples = sum(ends[k][1] for k in steps[first + 1 :]) * group_size
+    out = {"steady_samples_per_s": samples / (end - start)}
+    stats = worker_utilisation(spans, start=start, end=end)
+    for role in ("producer", "consumer"):
+        fracs = [w.idle_frac for w in stats.values() if w.role == role]
+        if fracs:
+            out[f"steady_{role}_idle_frac"] = statistics.fmean(fracs)
+    return out
 
 
 # -- files ---------------------------------------------------------------------------------------

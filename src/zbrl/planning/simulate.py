@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from zbrl.planning.rates import RunRates
+from zbrl.planning.rates import WARMUP_FRACTION, RunRates
 from zbrl.transport.buffer import BufferSettings, RolloutBuffer
 from zbrl.types import RolloutGroup
 
-WARMUP_FRACTION = 0.1
-"""Share of the simulated steps left out of the steady-state figures."""
 _EPS = 1e-12
 
 
@@ -68,6 +67,9 @@ class Shape:
     dp_efficiency: float
     """Parallel efficiency of data-parallel consumers (see :func:`step_seconds`)."""
     steps: int
+    seed: int | None
+    """Draw each generation batch's and step's time from the run's spread around the medians,
+    with this seed (None: every batch and step takes the median time)."""
 
 
 @dataclass
@@ -181,6 +183,7 @@ class _Simulation:
         self.samples_per_step: list[int] = []
         self.staleness: list[int] = []
         self.step_s = step_seconds(rates, shape)
+        self._rng = random.Random(shape.seed) if shape.seed is not None else None
         length = max(1, round(rates.response_length_mean or 1))
         self._response = torch.zeros(length, dtype=torch.long)
         self._logprobs = torch.zeros(length)
@@ -234,6 +237,12 @@ class _Simulation:
             return
         self.activities.append(_Activity(work_s, cores, owner, self.now, on_done))
 
+    def _draw(self, spread: tuple[float, ...]) -> float:
+        """A factor on the median time: 1, or one drawn from the run's spread."""
+        if self._rng is None or not spread:
+            return 1.0
+        return self._rng.choice(spread)
+
     def _kick(self) -> None:
         """Start everything that can start now (admissions, loads, takes), until nothing moves."""
         moved = True
@@ -258,6 +267,7 @@ class _Simulation:
             return False
         version = self.available
         work = producer_batch_seconds(self.rates, self.shape, len(res.tickets))
+        work *= self._draw(self.rates.generation_spread)
         if version > self.loaded[p]:
             work += self.rates.load_weights_s
             self.loaded[p] = version
@@ -300,9 +310,8 @@ class _Simulation:
         self.staleness += [batch.step - g.policy_version for g in batch.groups]
         samples = sum(g.group_size for g in batch.groups)
         self.consumer_busy = True
-        self._start(
-            "consumer", self.step_s, self.shape.consumers, lambda t: self._trained(t, samples)
-        )
+        step_s = self.step_s * self._draw(self.rates.train_spread)
+        self._start("consumer", step_s, self.shape.consumers, lambda t: self._trained(t, samples))
         return True
 
     def _trained(self, t: float, samples: int) -> None:
