@@ -83,6 +83,7 @@ class Prediction:
     """Mean over producers of the share of the window spent waiting."""
     consumer_idle_frac: float
     mean_staleness: float
+    """Over the groups of the steps inside the steady-state window."""
     max_staleness: int
     """Largest staleness of any trained group (never above ``shape.max_staleness``)."""
     step_s: float
@@ -181,7 +182,7 @@ class _Simulation:
         self.version = 0
         self.step_ends: list[float] = []
         self.samples_per_step: list[int] = []
-        self.staleness: list[int] = []
+        self.staleness: list[list[int]] = []  # per step, its groups' staleness
         self.step_s = step_seconds(rates, shape)
         self._rng = random.Random(shape.seed) if shape.seed is not None else None
         length = max(1, round(rates.response_length_mean or 1))
@@ -307,7 +308,7 @@ class _Simulation:
         status, batch = self.buffer.take(self.shape.train_batch_size, timeout=0, step=self.version)
         if status != "batch" or batch is None:
             return False
-        self.staleness += [batch.step - g.policy_version for g in batch.groups]
+        self.staleness.append([batch.step - g.policy_version for g in batch.groups])
         samples = sum(g.group_size for g in batch.groups)
         self.consumer_busy = True
         step_s = self.step_s * self._draw(self.rates.train_spread)
@@ -343,6 +344,8 @@ class _Simulation:
             self.busy.setdefault(a.owner, []).append((a.started, end))
         self.activities = []
         window = end - start
+        trace = [x for step in self.staleness for x in step]
+        steady = [x for step in self.staleness[first_step:] for x in step]
         samples = sum(self.samples_per_step[first_step:])
         n_steps = len(self.step_ends) - first_step
         producer_idle = [
@@ -356,14 +359,14 @@ class _Simulation:
             steps_per_s=n_steps / window,
             producer_idle_frac=sum(producer_idle) / len(producer_idle),
             consumer_idle_frac=consumer_idle,
-            mean_staleness=sum(self.staleness) / len(self.staleness),
-            max_staleness=max(self.staleness),
+            mean_staleness=sum(steady) / len(steady),
+            max_staleness=max(trace),
             step_s=self.step_s,
             producer_batch_s=producer_batch_seconds(
                 self.rates, self.shape, self.shape.inference_batch_size
             ),
             groups_dropped_stale=self.buffer.stats.groups_dropped_stale,
-            staleness_trace=list(self.staleness),
+            staleness_trace=trace,
         )
 
 
