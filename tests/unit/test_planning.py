@@ -84,7 +84,8 @@ def write_run(run_dir: Path, *, with_metrics: bool = True) -> Path:
     (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
     if with_metrics:
         lines = [{"step": 0, "eval_accuracy": 0.5}] + [
-            {"step": s, "response_length": float(10 + s)} for s in range(1, 11)
+            {"step": s, "response_length": float(10 + s), "train_tokens_per_s": 100.0 * s}
+            for s in range(1, 11)
         ]
         (run_dir / "metrics.jsonl").write_text(
             "\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8"
@@ -107,6 +108,7 @@ def test_rates_match_the_spans_written(tmp_path):
     assert rates.weight_sync_s == pytest.approx(0.04)
     assert "staleness waits" in rates.weight_sync_source
     assert rates.response_length_mean == pytest.approx(15.5)
+    assert rates.measured["train_tokens_per_s"] == pytest.approx(550.0)
     assert rates.measured["samples_per_s"] == pytest.approx(32.0)
     # the spans lie exactly on the fitted line and the median step: no spread around them
     assert rates.generation_spread == pytest.approx((1.0,) * 6)

@@ -163,11 +163,19 @@ def render(rates: RunRates, predictions: list[Prediction], best: Prediction | No
             f"{rates.response_length_p10:.1f}, p90 {rates.response_length_p90:.1f})"
         )
     m = rates.measured
+    if "train_tokens_per_s" in m:
+        lines.append(f"  training {m['train_tokens_per_s']:.0f} tokens/s (median over steps)")
     if "samples_per_s" in m:
         lines.append(
             f"  the run itself: {m['samples_per_s']:.1f} samples/s over its whole wall time, idle "
             f"producer {m.get('producer_idle_frac', float('nan')):.0%} consumer "
             f"{m.get('consumer_idle_frac', float('nan')):.0%}"
+        )
+    if "steady_samples_per_s" in m:
+        lines.append(
+            f"  its steady state (the prediction's window): {m['steady_samples_per_s']:.1f} "
+            f"samples/s, idle producer {m.get('steady_producer_idle_frac', float('nan')):.0%} "
+            f"consumer {m.get('steady_consumer_idle_frac', float('nan')):.0%}"
         )
     lines.append("")
     header = (

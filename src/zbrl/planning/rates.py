@@ -182,7 +182,11 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         response_length_mean=statistics.fmean(lengths) if lengths else None,
         response_length_p10=_quantile(lengths, 0.1),
         response_length_p90=_quantile(lengths, 0.9),
-        measured={**_measured(summary), **steady_state_figures(spans, g)},
+        measured={
+            **_measured(summary),
+            **steady_state_figures(spans, g),
+            **_median_metric(run_dir, "train_tokens_per_s"),
+        },
     )
 
 
@@ -312,6 +316,11 @@ def _summary(run_dir: Path) -> dict:
 
 def _response_lengths(run_dir: Path) -> list[float]:
     """Per-step mean response lengths from ``metrics.jsonl`` (empty when it is absent)."""
+    return _metric(run_dir, "response_length")
+
+
+def _metric(run_dir: Path, key: str) -> list[float]:
+    """Every step's ``key`` in ``metrics.jsonl`` (empty when the file is absent)."""
     path = run_dir / METRICS_FILE
     if not path.is_file():
         return []
@@ -321,9 +330,14 @@ def _response_lengths(run_dir: Path) -> list[float]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("response_length"), (int, float)):
-            out.append(float(record["response_length"]))
+        if isinstance(record, dict) and isinstance(record.get(key), (int, float)):
+            out.append(float(record[key]))
     return out
+
+
+def _median_metric(run_dir: Path, key: str) -> dict[str, float]:
+    values = _metric(run_dir, key)
+    return {key: statistics.median(values)} if values else {}
 
 
 def _measured(summary: dict) -> dict[str, float]:
