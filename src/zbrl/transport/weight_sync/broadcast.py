@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 
-from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
 from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.transport.weight_sync.buckets import Layout, flatten_into, plan_layout, unflatten
 from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
@@ -439,11 +439,7 @@ class BroadcastReceiver(ObjectStoreReceiver):
                 self._loading_flat = None
                 if flat is not self._fetched_flat:  # superseded while loading
                     self._free.append(flat)
-        end = time.time()
-        self._loaded_version = message.version
-        self.latencies_s.append(end - message.published_at)
-        if self._recorder is not None:
-            self._recorder.record(LOAD_WEIGHTS, start, end, version=message.version)
+        self._mark_loaded(message, start)
         return True
 
     def close(self) -> None:

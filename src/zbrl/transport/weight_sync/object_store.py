@@ -265,12 +265,17 @@ class ObjectStoreReceiver:
             return False
         start = time.time()
         load(message.payload)
+        self._mark_loaded(message, start)
+        return True
+
+    def _mark_loaded(self, message: WeightsMessage, start: float) -> None:
+        """``message`` is in the backend (loading began at ``start``): the loaded version, the
+        publish-to-loaded latency and the ``load_weights`` span."""
         end = time.time()
         self._loaded_version = message.version
         self.latencies_s.append(end - message.published_at)
         if self._recorder is not None:
             self._recorder.record(LOAD_WEIGHTS, start, end, version=message.version)
-        return True
 
     def close(self) -> None:
         with self._cond:
