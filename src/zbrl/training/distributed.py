@@ -9,6 +9,7 @@ consumers have GPUs (:func:`resolve_backend`). Nothing here imports Ray.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
@@ -83,8 +84,14 @@ def join_group(spec: GroupSpec, rank: int) -> None:
 
 
 def leave_group() -> None:
-    """Destroy this process's default group (no-op when it has none)."""
+    """Destroy this process's default group (no-op when it has none).
+
+    Objects that hold the group (a DDP wrapper, an FSDP2 mesh) can sit in reference cycles that
+    outlive ``destroy_process_group``; the group would then be torn down during interpreter exit,
+    where gloo aborts the process ("terminate called without an active exception"), so those
+    cycles are collected first."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
