@@ -12,10 +12,10 @@ import pytest
 from zbrl.cli import DEMO_RECIPE, main
 from zbrl.config import load_config, resolved_yaml
 from zbrl.planning import RatesError, RunRates, Shape, read_rates, simulate
-from zbrl.planning.contention import SpeedProfile, as_single_core
+from zbrl.planning.contention import SpeedProfile, as_single_core, background_load
 from zbrl.planning.rates import GenerationModel
 from zbrl.telemetry.spans import Span
-from zbrl.telemetry.timeline import TimelineWriter
+from zbrl.telemetry.timeline import TimelineWriter, read_timeline
 
 G = 8  # the demo recipe's group size
 B = 8  # and its groups per step (= inference batch size)
@@ -179,10 +179,54 @@ def test_time_shared_spans_become_single_core_work():
     assert shortened[0].end == pytest.approx(1.5) and shortened[1].end == 1.0
 
 
+def test_background_load_is_what_turns_wall_time_into_the_cpu_time_recorded():
+    # one worker alone on one core, its 2 s span used 0.5 s of CPU: 3 other processes ran
+    lone = [_span("producer-0", "generate", 0.0, 2.0, prompts=8, cpu_s=0.5)]
+    assert background_load(lone, 1, frozenset({"generate"})) == pytest.approx(3.0, rel=1e-6)
+    # two workers busy on two cores, each got 0.8 of a core: 2 / (2 + E) = 0.8, E = 0.5
+    pair = [
+        _span("producer-0", "generate", 0.0, 1.0, prompts=8, cpu_s=0.8),
+        _span("consumer-0", "train_step", 0.0, 1.0, groups=8, cpu_s=0.8),
+    ]
+    names = frozenset({"generate", "train_step"})
+    assert background_load(pair, 2, names) == pytest.approx(0.5, rel=1e-6)
+    # as fast as a core alone: no background; without CPU times: unknown
+    full = [_span("producer-0", "generate", 0.0, 1.0, prompts=8, cpu_s=1.0)]
+    assert background_load(full, 1, names) == 0.0
+    assert background_load([_span("producer-0", "generate", 0.0, 1.0)], 1, names) is None
+    # the recorded CPU time is the work; a span without one is converted under that load
+    mixed = [*pair, _span("producer-0", "push", 1.0, 2.0, groups=8)]
+    work = as_single_core(mixed, 2, frozenset({"generate", "train_step", "push"}), 0.5)
+    assert [s.duration for s in work] == pytest.approx([0.8, 0.8, 1.0])
+    busy = as_single_core(mixed, 1, frozenset({"push"}), 1.0)
+    assert busy[2].duration == pytest.approx(0.5)  # alone on one core with one other process
+
+
+def test_cpu_times_give_the_rates_and_the_background_load_under_run_cores(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    spans = read_timeline(run_dir)
+    # every busy span used 80% of its wall time on CPU
+    for s in spans:
+        if s.name in {"generate", "score", "push", "train_step"}:
+            s.attrs["cpu_s"] = 0.8 * s.duration
+    (run_dir / "timeline.jsonl").unlink()
+    TimelineWriter(run_dir).write(spans)
+    plain = read_rates(run_dir)
+    timed = read_rates(run_dir, run_cores=2)
+    assert timed.train_per_group_s == pytest.approx(0.8 * plain.train_per_group_s)
+    assert timed.generation.per_response_s == pytest.approx(0.8 * plain.generation.per_response_s)
+    # on 2 cores: 2 / (2 + E) = 0.8 while producer and consumer are both busy (E = 0.5),
+    # 2 / (1 + E) = 0.8 while one is (E = 1.5); the run has both kinds of stretch
+    assert 0.5 < timed.background_load < 1.5
+    # on 1 core sharing alone slows each to half, more than the 20% recorded: no background
+    assert read_rates(run_dir, run_cores=1).background_load == 0.0
+
+
 def test_run_cores_rescale_only_contended_rates(tmp_path):
     run_dir = write_run(tmp_path / "run")
     plain = read_rates(run_dir)
-    assert read_rates(run_dir, run_cores=8) == replace(plain, run_cores=8)
+    # spans without CPU times: no background load can be measured
+    assert read_rates(run_dir, run_cores=8) == replace(plain, run_cores=8, background_load=None)
     shared = read_rates(run_dir, run_cores=1)
     assert shared.train_per_group_s < plain.train_per_group_s
     assert shared.step_overhead_s == plain.step_overhead_s  # gaps stay wall time
@@ -206,6 +250,7 @@ def simple_rates(gen_s: float, train_s: float, sync_s: float = 0.0) -> RunRates:
         num_consumers=1,
         max_steps=100,
         run_cores=None,
+        background_load=None,
         generation=GenerationModel(0.0, gen_s / (B * G), (B,)),
         score_per_response_s=0.0,
         push_per_group_s=0.0,
@@ -236,6 +281,7 @@ def shape(**changes) -> Shape:
         gen_scale=1.0,
         train_scale=1.0,
         cores=None,
+        background_load=0.0,
         dp_efficiency=0.9,
         steps=100,
         seed=None,
@@ -288,6 +334,17 @@ def test_shared_cores_add_the_work_of_both_sides():
     assert p.samples_per_s == pytest.approx(B * G / 1.5)
     roomy = simulate(simple_rates(1.0, 0.5), shape(max_staleness=8, cores=2))
     assert roomy.samples_per_s == pytest.approx(B * G / 1.0)
+
+
+def test_background_load_slows_shared_cores_as_one_more_worker_would():
+    # one core, a producer (1 s) and a consumer (0.5 s) never waiting, one background process:
+    # both busy, each gets a third of the core (the step's 0.5 s take 1.5 s, the producer does
+    # 0.5 s of its batch); then the producer alone gets half (its other 0.5 s take 1 s)
+    p = simulate(simple_rates(1.0, 0.5), shape(max_staleness=8, cores=1, background_load=1.0))
+    assert p.samples_per_s == pytest.approx(B * G / 2.5)
+    # without --cores the workers have their own devices: the background changes nothing
+    own = simulate(simple_rates(1.0, 0.5), shape(max_staleness=8, background_load=5.0))
+    assert own.samples_per_s == pytest.approx(B * G / 1.0)
 
 
 def test_data_parallel_consumers_split_the_step():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,19 @@ class FakeClock:
 # ------------------------------------------------------------------------------------- spans
 
 
+def test_busy_spans_carry_the_cpu_time_of_their_thread_and_waits_do_not():
+    rec = SpanRecorder("consumer-0", "consumer")
+    with rec.span(TRAIN_STEP):
+        deadline = time.thread_time() + 0.05
+        while time.thread_time() < deadline:  # 50 ms of CPU work
+            pass
+    with rec.span(WAIT_FOR_DATA):
+        time.sleep(0.05)  # waiting uses no CPU
+    train, wait = rec.drain()
+    assert 0.05 <= train["attrs"]["cpu_s"] <= train["end"] - train["start"] + 0.01
+    assert "cpu_s" not in wait["attrs"]
+
+
 def test_recorder_records_nested_and_raising_spans_and_drains_once():
     rec = SpanRecorder("producer-0", "producer", clock=FakeClock(1.0, 2.0, 3.0, 4.0, 5.0, 7.5))
     with rec.span(GENERATE, batch=3) as attrs:
@@ -62,6 +76,8 @@ def test_recorder_records_nested_and_raising_spans_and_drains_once():
         (GENERATE, 1.0, 4.0),
         (TRAIN_STEP, 5.0, 7.5),
     ]
+    cpu = [d["attrs"].pop("cpu_s") for d in drained]  # busy spans carry their thread's CPU time
+    assert all(0 <= c < 1 for c in cpu)
     assert drained[1]["attrs"] == {"batch": 3, "tokens": 42}
     assert drained[2]["attrs"] == {"error": "RuntimeError"}
     assert all(d["worker"] == "producer-0" and d["role"] == "producer" for d in drained)

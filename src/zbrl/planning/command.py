@@ -48,6 +48,13 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         help="cores the measured run's workers shared: its busy spans become single-core work",
     )
     p.add_argument(
+        "--background-load",
+        default="0",
+        metavar="E|run",
+        help="with --cores: other runnable processes sharing the cores (default 0; 'run': the "
+        "load measured in the run, needs --run-cores)",
+    )
+    p.add_argument(
         "--dp-efficiency",
         type=float,
         default=DEFAULT_DP_EFFICIENCY,
@@ -88,10 +95,31 @@ def shape_from_args(args: argparse.Namespace, rates: RunRates) -> Shape:
         gen_scale=args.gen_scale,
         train_scale=args.train_scale,
         cores=args.cores,
+        background_load=background_from_args(args, rates),
         dp_efficiency=args.dp_efficiency,
         steps=args.steps,
         seed=None if args.medians else args.seed,
     )
+
+
+def background_from_args(args: argparse.Namespace, rates: RunRates) -> float:
+    """``--background-load``: a number of processes, or ``run`` for the run's own (measured)."""
+    if args.background_load == "run":
+        if rates.background_load is None:
+            raise ValueError(
+                "--background-load run needs --run-cores and a run whose spans carry their CPU "
+                "time (cpu_s)"
+            )
+        return rates.background_load
+    try:
+        value = float(args.background_load)
+    except ValueError:
+        raise ValueError(
+            f"--background-load must be a number or 'run', got {args.background_load!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"--background-load must be >= 0, got {value}")
+    return value
 
 
 def splits(shape: Shape, total: int) -> list[Shape]:
@@ -138,6 +166,11 @@ def render(rates: RunRates, predictions: list[Prediction], best: Prediction | No
         + (f", busy rates per core of {rates.run_cores}" if rates.run_cores else "")
         + ")"
     ]
+    if rates.background_load is not None:
+        lines.append(
+            f"  background load during the run: {rates.background_load:.2f} other runnable "
+            "processes (from the spans' CPU times)"
+        )
     gen = rates.generation
     lines.append(
         f"  generate: {gen.intercept_s * 1e3:.1f} ms + {gen.per_response_s * 1e3:.3f} ms/response"

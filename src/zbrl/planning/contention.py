@@ -5,6 +5,12 @@ cores, each got only part of a core and its spans are longer than its work. With
 ``D(t)`` workers busy at time ``t`` (a non-idle span on their main track), a busy worker advances
 at ``min(1, C / D(t))``; a span's work is the integral of that over the span. This is the same
 processor-sharing model the simulation uses for ``--cores`` (see docs/planning.md), run backwards.
+
+Where the spans carry their CPU time (``cpu_s``, recorded by every busy span), that is the work
+itself, and comparing it with the wall time measures what the model above cannot see: the
+*background load* ``E`` — other processes on the machine (Ray's own, other users') that compete
+for the same cores. With it a busy worker advances at ``min(1, C / (D(t) + E))``;
+:func:`background_load` finds the ``E`` under which the spans' wall times give their CPU times.
 """
 
 from __future__ import annotations
@@ -14,15 +20,17 @@ from collections import defaultdict
 from dataclasses import replace
 
 from zbrl.telemetry.idle import merge_intervals
-from zbrl.telemetry.spans import IDLE_SPANS, MAIN_THREAD, Span
+from zbrl.telemetry.spans import CPU_S, IDLE_SPANS, MAIN_THREAD, Span
 
 
 class SpeedProfile:
-    """``min(1, cores / busy workers)`` over the run, as a piecewise-constant function."""
+    """``min(1, cores / (busy workers + background))`` over the run, piecewise constant."""
 
-    def __init__(self, spans: list[Span], cores: int) -> None:
+    def __init__(self, spans: list[Span], cores: int, background: float = 0.0) -> None:
         if cores < 1:
             raise ValueError(f"run cores must be >= 1, got {cores}")
+        if background < 0:
+            raise ValueError(f"background load must be >= 0, got {background}")
         per_worker: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for s in spans:
             if s.thread == MAIN_THREAD and s.name not in IDLE_SPANS:
@@ -38,7 +46,8 @@ class SpeedProfile:
         busy = 0
         for i, x in enumerate(self.xs):
             busy += deltas[x]
-            speed = 1.0 if busy <= cores else cores / busy
+            demand = busy + background
+            speed = 1.0 if demand <= cores else cores / demand
             self.speeds.append(speed)
             if i + 1 < len(self.xs):
                 self.cumulative.append(self.cumulative[-1] + speed * (self.xs[i + 1] - x))
@@ -54,7 +63,52 @@ class SpeedProfile:
         return self.integral(span.end) - self.integral(span.start)
 
 
-def as_single_core(spans: list[Span], cores: int, names: frozenset[str]) -> list[Span]:
-    """``spans`` with every span named in ``names`` shortened to its single-core work."""
-    profile = SpeedProfile(spans, cores)
-    return [replace(s, end=s.start + profile.work(s)) if s.name in names else s for s in spans]
+def as_single_core(
+    spans: list[Span], cores: int, names: frozenset[str], background: float = 0.0
+) -> list[Span]:
+    """``spans`` with every span named in ``names`` shortened to its single-core work: its
+    recorded CPU time (``cpu_s``) where it has one, else its integral of the speed under
+    processor sharing with ``background`` extra load."""
+    profile = SpeedProfile(spans, cores, background)
+    out = []
+    for s in spans:
+        if s.name in names:
+            cpu = s.attrs.get(CPU_S)
+            timed = isinstance(cpu, (int, float))
+            s = replace(
+                s, end=s.start + (min(float(cpu), s.duration) if timed else profile.work(s))
+            )
+        out.append(s)
+    return out
+
+
+MAX_BACKGROUND = 64.0
+
+
+def background_load(spans: list[Span], cores: int, names: frozenset[str]) -> float | None:
+    """The background load ``E`` (runnable processes besides the run's busy workers) under
+    which processor sharing turns the wall time of the spans named in ``names`` into their
+    recorded CPU time: the root of ``sum(work_E(span)) = sum(cpu_s)``, by bisection (the work
+    falls as ``E`` grows). 0 when even ``E = 0`` gives no more work than the CPU time recorded;
+    None when no such span carries ``cpu_s``."""
+    timed = [s for s in spans if s.name in names and isinstance(s.attrs.get(CPU_S), (int, float))]
+    if not timed:
+        return None
+    cpu = sum(float(s.attrs[CPU_S]) for s in timed)
+
+    def work(e: float) -> float:
+        profile = SpeedProfile(spans, cores, e)
+        return sum(profile.work(s) for s in timed)
+
+    if work(0.0) <= cpu:
+        return 0.0
+    lo, hi = 0.0, MAX_BACKGROUND
+    if work(hi) > cpu:
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if work(mid) > cpu:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

@@ -16,13 +16,14 @@ import itertools
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zbrl.config import ConfigError, RunConfig, load_config
-from zbrl.planning.contention import as_single_core
+from zbrl.planning.contention import as_single_core, background_load
 from zbrl.telemetry.idle import worker_utilisation
 from zbrl.telemetry.spans import (
+    CPU_S,
     GENERATE,
     LOAD_WEIGHTS,
     MAIN_THREAD,
@@ -84,6 +85,10 @@ class RunRates:
     run_cores: int | None
     """Cores the run's workers shared, when given: the busy rates below are then single-core
     work (None: taken as measured)."""
+    background_load: float | None
+    """With ``run_cores``: the other runnable processes the run's workers shared the cores with
+    (Ray's, other users'), estimated from the spans' CPU times
+    (:func:`zbrl.planning.contention.background_load`); None without CPU times or cores."""
     generation: GenerationModel
     score_per_response_s: float
     push_per_group_s: float
@@ -136,8 +141,12 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         raise RatesError(str(e)) from None
     timeline = run_dir / TIMELINE_FILE
     work = spans
+    background = None
     if run_cores is not None:
-        work = as_single_core(spans, run_cores, WORK_SPANS)
+        # a span's recorded CPU time is its single-core work when its worker ran one thread
+        timed = spans if cfg.launch.torch_threads == 1 else _without_cpu_time(spans)
+        background = background_load(timed, run_cores, WORK_SPANS)
+        work = as_single_core(timed, run_cores, WORK_SPANS, background or 0.0)
     by_name: dict[str, list[Span]] = defaultdict(list)
     for s in work:
         by_name[s.name].append(s)
@@ -161,6 +170,7 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         num_consumers=cfg.launch.num_consumers,
         max_steps=cfg.training.max_steps,
         run_cores=run_cores,
+        background_load=background,
         generation=gen,
         score_per_response_s=_per_unit(by_name[SCORE], "responses", 0.0, timeline),
         push_per_group_s=_per_unit(by_name[PUSH], "groups", 0.0, timeline),
@@ -351,6 +361,17 @@ def _measured(summary: dict) -> dict[str, float]:
 
 
 # -- small helpers -------------------------------------------------------------------------------
+
+
+def _without_cpu_time(spans: list[Span]) -> list[Span]:
+    """The spans without ``cpu_s``: a worker running several torch threads uses CPU time on
+    threads the span's own thread time does not see."""
+    return [
+        replace(s, attrs={k: v for k, v in s.attrs.items() if k != CPU_S})
+        if CPU_S in s.attrs
+        else s
+        for s in spans
+    ]
 
 
 def _attr(span: Span, key: str, timeline: Path) -> int:

@@ -19,7 +19,8 @@ Model (see docs/planning.md):
   to producers ``weight_sync_s`` after the step ends;
 - **cores** (optional): processor sharing. Every busy producer needs one core, a busy consumer
   step ``M`` cores (its ranks), the step's bookkeeping one; waiting needs none. While the demand
-  ``D`` exceeds the ``C`` cores, every busy activity advances at ``C / D`` of its measured speed.
+  ``D`` (plus a background load ``E`` of other processes) exceeds the ``C`` cores, every busy
+  activity advances at ``C / (D + E)`` of its measured speed.
   Without ``cores`` every worker has its own (e.g. one GPU each).
 
 Figures are taken in steady state: over the window from the end of the first tenth of the steps
@@ -64,6 +65,9 @@ class Shape:
     """Multiplies the training-step time."""
     cores: int | None
     """Cores the workers share (None: each worker has its own device)."""
+    background_load: float
+    """Other runnable processes sharing those cores (0: the machine is the run's alone); only
+    with ``cores``."""
     dp_efficiency: float
     """Parallel efficiency of data-parallel consumers (see :func:`step_seconds`)."""
     steps: int
@@ -103,6 +107,7 @@ class Prediction:
             "train_batch_size": s.train_batch_size,
             "group_size": s.group_size,
             "cores": s.cores,
+            "background_load": s.background_load,
             "samples_per_s": self.samples_per_s,
             "steps_per_s": self.steps_per_s,
             "producer_idle_frac": self.producer_idle_frac,
@@ -221,7 +226,7 @@ class _Simulation:
 
     def _speed(self) -> float:
         cores = self.shape.cores
-        demand = sum(a.cores for a in self.activities)
+        demand = sum(a.cores for a in self.activities) + self.shape.background_load
         if cores is None or demand <= cores:
             return 1.0
         return cores / demand
@@ -392,6 +397,8 @@ def _check(shape: Shape) -> None:
         raise ValueError(f"max_staleness must be >= 0, got {shape.max_staleness}")
     if shape.cores is not None and shape.cores < 1:
         raise ValueError(f"cores must be >= 1, got {shape.cores}")
+    if shape.background_load < 0:
+        raise ValueError(f"background load must be >= 0, got {shape.background_load}")
     if not 0 < shape.dp_efficiency <= 1:
         raise ValueError(f"dp_efficiency must be in (0, 1], got {shape.dp_efficiency}")
     if min(shape.inference_batch_size, shape.inference_microbatch_size) < 1:

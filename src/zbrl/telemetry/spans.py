@@ -45,6 +45,9 @@ RESTART = "restart"
 IDLE_SPANS: frozenset[str] = frozenset({WAIT_FOR_DATA, WAIT_FOR_WEIGHTS, RESTART})
 """Span names that count as idle time when they occur on a worker's main thread."""
 
+CPU_S = "cpu_s"
+"""Attribute of a busy span: CPU seconds of the thread that ran it (:meth:`SpanRecorder.span`)."""
+
 MAIN_THREAD = "main"
 """The track name of a worker's main loop; only this track's idle spans count as idle."""
 
@@ -123,15 +126,21 @@ class SpanRecorder:
 
         Yields the span's ``attrs`` dict so the body can add attributes (e.g. token counts). The
         span is recorded even when the body raises; it then carries ``attrs["error"]`` = the
-        exception's type name, and the exception propagates.
+        exception's type name, and the exception propagates. A busy span (any name not in
+        :data:`IDLE_SPANS`) also carries ``attrs["cpu_s"]``: the CPU seconds its thread used
+        (``time.thread_time``), which ``zbrl plan --run-cores`` takes as the span's work on one
+        core when the worker ran one torch thread.
         """
         start = self.clock()
+        cpu_start = time.thread_time()
         try:
             yield attrs
         except BaseException as e:
             attrs["error"] = type(e).__name__
             raise
         finally:
+            if name not in IDLE_SPANS:
+                attrs[CPU_S] = time.thread_time() - cpu_start
             self.record(name, start, self.clock(), thread=thread, **attrs)
 
     def record(
