@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from zbrl.config import load_config
@@ -33,6 +35,7 @@ from zbrl.planning.compare import (
     predicted_figures,
     render_table,
 )
+from zbrl.planning.rates import RunRates
 from zbrl.planning.simulate import Shape
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +70,17 @@ def run_shape(args: argparse.Namespace, producers: int, consumers: int, out: Pat
     return run_training(cfg)
 
 
-def plan(base: Path, producers: int, consumers: int, args: argparse.Namespace) -> dict:
+def plan(
+    base: Path, producers: int, consumers: int, args: argparse.Namespace, dp_efficiency: float
+) -> dict:
+    return predicted_figures(
+        simulate(*_rates_and_shape(base, producers, consumers, args, dp_efficiency))
+    )
+
+
+def _rates_and_shape(
+    base: Path, producers: int, consumers: int, args: argparse.Namespace, dp_efficiency: float
+) -> tuple[RunRates, Shape]:
     rates = read_rates(base, args.cores)
     shape = Shape(
         producers=producers,
@@ -81,11 +94,28 @@ def plan(base: Path, producers: int, consumers: int, args: argparse.Namespace) -
         gen_scale=1.0,
         train_scale=1.0,
         cores=args.cores,
-        dp_efficiency=args.dp_efficiency,
+        background_load=rates.background_load or 0.0,
+        dp_efficiency=dp_efficiency,
         steps=args.sim_steps,
         seed=0,
     )
-    return predicted_figures(simulate(rates, shape))
+    return rates, shape
+
+
+def fitted_dp_efficiency(base: Path, consumers: int, measured: float, args) -> float:
+    """The ``dp_efficiency`` under which the plan from ``base`` gives the ``measured`` samples/s
+    of 1 producer x ``consumers`` (bisection; a diagnostic of what the assumption missed)."""
+    lo, hi = 0.02, 1.0
+    rates, shape = _rates_and_shape(base, 1, consumers, args, 1.0)
+    if simulate(rates, shape).samples_per_s <= measured:
+        return 1.0
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        if simulate(rates, replace(shape, dp_efficiency=mid)).samples_per_s > measured:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
 
 
 def main() -> None:
@@ -107,27 +137,59 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--plot", default=None, help="predicted-vs-measured plot (PNG)")
     parser.add_argument("--keep", default=None, help="keep the run directories under here")
+    parser.add_argument(
+        "--replan",
+        default=None,
+        metavar="DIR",
+        help="no runs: plan again from the runs kept under DIR by --keep (planner changes)",
+    )
     args = parser.parse_args()
+    if args.replan:
+        args.keep = args.replan
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
 
     load_before = os.getloadavg()
     per_shape: dict[str, list[Comparison]] = {}
+    loads: dict[str, list[float | None]] = {}  # background load measured in each run
+    fitted: list[float] = []  # the dp_efficiency that would have predicted 1x2
     with tempfile.TemporaryDirectory(prefix="zbrl-planval-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         for rep in range(args.repeats):
             base = root / f"r{rep}-1x1"
-            run_shape(args, 1, 1, base)
+            if not args.replan:
+                run_shape(args, 1, 1, base)
             g = read_rates(base).group_size
             todo = [(1, 1), *shapes]
             for producers, consumers in todo:
                 name = f"{producers}x{consumers}"
                 out = base if (producers, consumers) == (1, 1) else root / f"r{rep}-{name}"
-                predicted = plan(base, producers, consumers, args)
-                if out != base:
+                predicted = plan(base, producers, consumers, args, args.dp_efficiency)
+                if out != base and not args.replan:
                     run_shape(args, producers, consumers, out)
                 c = Comparison(name, predicted, measured_figures(out, g))
                 per_shape.setdefault(name, []).append(c)
-                print(f"repeat {rep + 1}/{args.repeats} {name}: {_one_line(c)}", flush=True)
+                loads.setdefault(name, []).append(read_rates(out, args.cores).background_load)
+                print(
+                    f"repeat {rep + 1}/{args.repeats} {name}: {_one_line(c)}; background load "
+                    f"{_num(loads[name][-1])} (planned with {_num(loads['1x1'][-1])})",
+                    flush=True,
+                )
+            if (1, 2) in shapes:
+                dp = root / f"r{rep}-1x2"
+                fitted.append(
+                    fitted_dp_efficiency(
+                        base, 2, per_shape["1x2"][-1].measured["samples_per_s"], args
+                    )
+                )
+                if (2, 2) in shapes:  # data-parallel consumers measured: plan from them
+                    name = "2x2 from 1x2"
+                    c = Comparison(
+                        name,
+                        plan(dp, 2, 2, args, args.dp_efficiency),
+                        measured_figures(root / f"r{rep}-2x2", g),
+                    )
+                    per_shape.setdefault(name, []).append(c)
+                    print(f"repeat {rep + 1}/{args.repeats} {name}: {_one_line(c)}", flush=True)
     load_after = os.getloadavg()
 
     rows = [median_comparison(name, cs) for name, cs in per_shape.items()]
@@ -137,6 +199,12 @@ def main() -> None:
         f"efficiency {args.dp_efficiency}); the 1x1 row is the run planning itself"
     )
     print(render_table(rows))
+    if fitted:
+        print(
+            f"the data-parallel efficiency that would have predicted 1x2's samples/s: "
+            f"{statistics.median(fitted):.2f} (median; assumed {args.dp_efficiency}); "
+            "'2x2 from 1x2' is planned from the 1x2 run, whose consumers were data-parallel"
+        )
     print(
         f"load average (1/5/15 min) before {_load(load_before)}, after {_load(load_after)}; "
         f"{os.cpu_count()} cores"
@@ -154,6 +222,8 @@ def main() -> None:
                     "load_after": load_after,
                     "medians": [r.as_dict() for r in rows],
                     "runs": {k: [c.as_dict() for c in cs] for k, cs in per_shape.items()},
+                    "background_load": loads,
+                    "fitted_dp_efficiency": fitted,
                 },
                 indent=2,
             )
@@ -169,6 +239,10 @@ def _one_line(c: Comparison) -> str:
         f"prod idle {p['producer_idle_frac']:.0%} vs {m['producer_idle_frac']:.0%}, "
         f"cons idle {p['consumer_idle_frac']:.0%} vs {m['consumer_idle_frac']:.0%}"
     )
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _load(load: tuple[float, float, float]) -> str:

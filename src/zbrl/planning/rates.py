@@ -44,6 +44,10 @@ WARMUP_FRACTION = 0.1
 """Share of the steps left out of the steady-state figures (simulated and measured alike)."""
 WORK_SPANS = frozenset({GENERATE, SCORE, PUSH, LOAD_WEIGHTS, TRAIN_STEP})
 """Spans whose duration is CPU work (what ``run_cores`` converts)."""
+CPU_TIMED = frozenset({GENERATE, TRAIN_STEP})
+"""Work spans whose recorded CPU time (``cpu_s``) is their work: computed on the span's own
+thread. Scoring and pushing are round trips to other processes (reward workers, the buffer):
+their thread's CPU time misses their work, so they are converted by the sharing model."""
 
 
 class RatesError(ValueError):
@@ -101,6 +105,10 @@ class RunRates:
     train_spread: tuple[float, ...]
     """Each train_step's seconds per group over ``train_per_group_s``."""
     """One training step of the run's consumers divided by the groups it trained."""
+    take_latency_s: float
+    """The consumer's round trip to take a batch that is already there: the lower quartile of
+    its ``wait_for_data`` spans (idle time a consumer spends every step however fast the
+    producers are)."""
     step_overhead_s: float
     """Consumer main-thread time between a train_step's end and the next wait for data
     (gathering the state dict, staging the publish, bookkeeping)."""
@@ -144,7 +152,8 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
     background = None
     if run_cores is not None:
         # a span's recorded CPU time is its single-core work when its worker ran one thread
-        timed = spans if cfg.launch.torch_threads == 1 else _without_cpu_time(spans)
+        keep = CPU_TIMED if cfg.launch.torch_threads == 1 else frozenset()
+        timed = _without_cpu_time(spans, keep)
         background = background_load(timed, run_cores, WORK_SPANS)
         work = as_single_core(timed, run_cores, WORK_SPANS, background or 0.0)
     by_name: dict[str, list[Span]] = defaultdict(list)
@@ -158,6 +167,9 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
     sync_s, sync_source = weight_sync_seconds(spans)
     gen = generation_model(by_name[GENERATE], g, timeline)
     train_per_group = _per_unit(by_name[TRAIN_STEP], "groups", None, timeline)
+    # the spread is the wall times' (relative to their own medians): on shared cores it holds the
+    # load's ups and downs too, which make one side wait for the other however the means compare
+    wall = [s for s in spans if s.name in (GENERATE, TRAIN_STEP)]
     return RunRates(
         run_dir=str(run_dir),
         group_size=g,
@@ -176,16 +188,12 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         push_per_group_s=_per_unit(by_name[PUSH], "groups", 0.0, timeline),
         load_weights_s=_median([s.duration for s in by_name[LOAD_WEIGHTS]], 0.0),
         train_per_group_s=train_per_group,
-        generation_spread=tuple(
-            s.duration / gen.seconds(_attr(s, "prompts", timeline) * g)
-            for s in by_name[GENERATE]
-            if gen.seconds(_attr(s, "prompts", timeline) * g) > 0
-        ),
-        train_spread=tuple(
-            s.duration / _attr(s, "groups", timeline) / train_per_group
-            for s in by_name[TRAIN_STEP]
-            if train_per_group > 0
-        ),
+        generation_spread=generation_spread([s for s in wall if s.name == GENERATE], g, timeline),
+        train_spread=train_spread([s for s in wall if s.name == TRAIN_STEP], timeline),
+        take_latency_s=_quantile(
+            [s.duration for s in spans if s.name == WAIT_FOR_DATA and s.role == "consumer"], 0.25
+        )
+        or 0.0,
         step_overhead_s=step_overhead_seconds(spans),
         weight_sync_s=sync_s,
         weight_sync_source=sync_source,
@@ -214,6 +222,25 @@ def generation_model(spans: list[Span], group_size: int, timeline: Path) -> Gene
             return GenerationModel(my - slope * mx, slope, sizes)
     per = statistics.median(t / n for n, t in points if n > 0)
     return GenerationModel(0.0, per, sizes)
+
+
+def generation_spread(spans: list[Span], group_size: int, timeline: Path) -> tuple[float, ...]:
+    """Each generate span's duration over the prediction of a model fitted to these spans."""
+    model = generation_model(spans, group_size, timeline)
+    out = []
+    for s in spans:
+        expected = model.seconds(_attr(s, "prompts", timeline) * group_size)
+        if expected > 0:
+            out.append(s.duration / expected)
+    return tuple(out)
+
+
+def train_spread(spans: list[Span], timeline: Path) -> tuple[float, ...]:
+    """Each train_step's seconds per group over their median."""
+    per_group = _per_unit(spans, "groups", None, timeline)
+    if per_group <= 0:
+        return ()
+    return tuple(s.duration / _attr(s, "groups", timeline) / per_group for s in spans)
 
 
 def step_overhead_seconds(spans: list[Span]) -> float:
@@ -363,12 +390,12 @@ def _measured(summary: dict) -> dict[str, float]:
 # -- small helpers -------------------------------------------------------------------------------
 
 
-def _without_cpu_time(spans: list[Span]) -> list[Span]:
-    """The spans without ``cpu_s``: a worker running several torch threads uses CPU time on
-    threads the span's own thread time does not see."""
+def _without_cpu_time(spans: list[Span], keep: frozenset[str]) -> list[Span]:
+    """The spans without ``cpu_s`` except those named in ``keep`` (see :data:`CPU_TIMED`; a
+    worker running several torch threads uses CPU time its span's thread does not see)."""
     return [
         replace(s, attrs={k: v for k, v in s.attrs.items() if k != CPU_S})
-        if CPU_S in s.attrs
+        if CPU_S in s.attrs and s.name not in keep
         else s
         for s in spans
     ]

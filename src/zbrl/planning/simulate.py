@@ -14,7 +14,8 @@ Model (see docs/planning.md):
   prompts, generate (the fitted generation model × ``gen_scale``) and score → push (per group);
   the groups carry the version it loaded;
 - the **consumers** (``M`` data-parallel ranks in lockstep, one simulated entity) loop: take
-  ``train_batch_size`` groups (idle while they are not ready) → train one step → the step's
+  ``train_batch_size`` groups (idle while they are not ready, then for the take's round trip
+  ``take_latency_s``) → train one step → the step's
   bookkeeping (``step_overhead_s``) → ``advance_version``. The step's weights become available
   to producers ``weight_sync_s`` after the step ends;
 - **cores** (optional): processor sharing. Every busy producer needs one core, a busy consumer
@@ -317,7 +318,16 @@ class _Simulation:
         samples = sum(g.group_size for g in batch.groups)
         self.consumer_busy = True
         step_s = self.step_s * self._draw(self.rates.train_spread)
-        self._start("consumer", step_s, self.shape.consumers, lambda t: self._trained(t, samples))
+
+        def train() -> None:
+            self._start(
+                "consumer", step_s, self.shape.consumers, lambda t: self._trained(t, samples)
+            )
+
+        if self.rates.take_latency_s > 0:  # the take's round trip: idle, then the step
+            self._at(self.now + self.rates.take_latency_s, train)
+        else:
+            train()
         return True
 
     def _trained(self, t: float, samples: int) -> None:
