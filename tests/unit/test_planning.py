@@ -257,6 +257,7 @@ def simple_rates(gen_s: float, train_s: float, sync_s: float = 0.0) -> RunRates:
         load_weights_s=0.0,
         train_per_group_s=train_s / B,
         generation_spread=(),
+        score_spread=(),
         train_spread=(),
         take_latency_s=0.0,
         step_overhead_s=0.0,

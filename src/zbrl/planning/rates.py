@@ -102,13 +102,17 @@ class RunRates:
     generation_spread: tuple[float, ...]
     """Each generate span's duration over the model's prediction for it (its spread around the
     model; the simulation draws from it unless told to use the medians)."""
+    score_spread: tuple[float, ...]
+    """Each score span's seconds per response over ``score_per_response_s`` (scoring is a round
+    trip to the reward workers: rare slow ones make a consumer wait)."""
     train_spread: tuple[float, ...]
     """Each train_step's seconds per group over ``train_per_group_s``."""
     """One training step of the run's consumers divided by the groups it trained."""
     take_latency_s: float
     """The consumer's round trip to take a batch that is already there: the lower quartile of
     its ``wait_for_data`` spans (idle time a consumer spends every step however fast the
-    producers are)."""
+    producers are). With ``run_cores`` it is work of the buffer's process, converted like the
+    busy spans (the simulation slows it down when the cores are shared)."""
     step_overhead_s: float
     """Consumer main-thread time between a train_step's end and the next wait for data
     (gathering the state dict, staging the publish, bookkeeping)."""
@@ -155,7 +159,7 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         keep = CPU_TIMED if cfg.launch.torch_threads == 1 else frozenset()
         timed = _without_cpu_time(spans, keep)
         background = background_load(timed, run_cores, WORK_SPANS)
-        work = as_single_core(timed, run_cores, WORK_SPANS, background or 0.0)
+        work = as_single_core(timed, run_cores, WORK_SPANS | {WAIT_FOR_DATA}, background or 0.0)
     by_name: dict[str, list[Span]] = defaultdict(list)
     for s in work:
         by_name[s.name].append(s)
@@ -189,9 +193,10 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
         load_weights_s=_median([s.duration for s in by_name[LOAD_WEIGHTS]], 0.0),
         train_per_group_s=train_per_group,
         generation_spread=generation_spread([s for s in wall if s.name == GENERATE], g, timeline),
+        score_spread=_spread(by_name[SCORE], "responses", timeline),
         train_spread=train_spread([s for s in wall if s.name == TRAIN_STEP], timeline),
         take_latency_s=_quantile(
-            [s.duration for s in spans if s.name == WAIT_FOR_DATA and s.role == "consumer"], 0.25
+            [s.duration for s in by_name[WAIT_FOR_DATA] if s.role == "consumer"], 0.25
         )
         or 0.0,
         step_overhead_s=step_overhead_seconds(spans),
@@ -237,10 +242,17 @@ def generation_spread(spans: list[Span], group_size: int, timeline: Path) -> tup
 
 def train_spread(spans: list[Span], timeline: Path) -> tuple[float, ...]:
     """Each train_step's seconds per group over their median."""
-    per_group = _per_unit(spans, "groups", None, timeline)
-    if per_group <= 0:
+    return _spread(spans, "groups", timeline)
+
+
+def _spread(spans: list[Span], key: str, timeline: Path) -> tuple[float, ...]:
+    """Each span's seconds per ``key`` over their median (empty without spans)."""
+    if not spans:
         return ()
-    return tuple(s.duration / _attr(s, "groups", timeline) / per_group for s in spans)
+    per_unit = _per_unit(spans, key, None, timeline)
+    if per_unit <= 0:
+        return ()
+    return tuple(s.duration / _attr(s, key, timeline) / per_unit for s in spans)
 
 
 def step_overhead_seconds(spans: list[Span]) -> float:

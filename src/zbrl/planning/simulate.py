@@ -15,7 +15,7 @@ Model (see docs/planning.md):
   the groups carry the version it loaded;
 - the **consumers** (``M`` data-parallel ranks in lockstep, one simulated entity) loop: take
   ``train_batch_size`` groups (idle while they are not ready, then for the take's round trip
-  ``take_latency_s``) → train one step → the step's
+  ``take_latency_s``, the buffer's work) → train one step → the step's
   bookkeeping (``step_overhead_s``) → ``advance_version``. The step's weights become available
   to producers ``weight_sync_s`` after the step ends;
 - **cores** (optional): processor sharing. Every busy producer needs one core, a busy consumer
@@ -141,15 +141,20 @@ def step_seconds(rates: RunRates, shape: Shape) -> float:
 
 def producer_batch_seconds(rates: RunRates, shape: Shape, groups: int) -> float:
     """Generate, score and push ``groups`` prompts (without loading weights)."""
-    total = 0.0
+    return sum(producer_batch_parts(rates, shape, groups))
+
+
+def producer_batch_parts(rates: RunRates, shape: Shape, groups: int) -> tuple[float, float, float]:
+    """Seconds generating, scoring and pushing ``groups`` prompts."""
+    generate = score = 0.0
     left = groups
     while left > 0:
         chunk = min(left, shape.inference_microbatch_size)
         responses = chunk * shape.group_size
-        total += rates.generation.seconds(responses) * shape.gen_scale
-        total += rates.score_per_response_s * responses
+        generate += rates.generation.seconds(responses) * shape.gen_scale
+        score += rates.score_per_response_s * responses
         left -= chunk
-    return total + rates.push_per_group_s * groups
+    return generate, score, rates.push_per_group_s * groups
 
 
 @dataclass
@@ -273,8 +278,9 @@ class _Simulation:
         if self.available < res.min_version:
             return False
         version = self.available
-        work = producer_batch_seconds(self.rates, self.shape, len(res.tickets))
-        work *= self._draw(self.rates.generation_spread)
+        generate, score, push = producer_batch_parts(self.rates, self.shape, len(res.tickets))
+        work = generate * self._draw(self.rates.generation_spread)
+        work += score * self._draw(self.rates.score_spread) + push
         if version > self.loaded[p]:
             work += self.rates.load_weights_s
             self.loaded[p] = version
@@ -324,10 +330,9 @@ class _Simulation:
                 "consumer", step_s, self.shape.consumers, lambda t: self._trained(t, samples)
             )
 
-        if self.rates.take_latency_s > 0:  # the take's round trip: idle, then the step
-            self._at(self.now + self.rates.take_latency_s, train)
-        else:
-            train()
+        # the take's round trip: the buffer's work (a core when cores are shared), the consumer
+        # idle meanwhile; then the step
+        self._start("buffer", self.rates.take_latency_s, 1, lambda _t: train())
         return True
 
     def _trained(self, t: float, samples: int) -> None:
