@@ -69,7 +69,7 @@ def test_a_plan_from_a_real_1x1_run_predicts_a_real_2x1_run(tmp_path, cache):
     )
     prediction = simulate(rates, shape)
     run(target, cache, producers=2)
-    c = Comparison("2x1", predicted_figures(prediction), measured_figures(target, 8))
+    c = Comparison("2x1", predicted_figures(prediction), measured_figures(target, rates.group_size))
     print(render_table([c]))
     assert c.checks == {
         "samples_per_s": True,

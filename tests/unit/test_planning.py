@@ -12,6 +12,12 @@ import pytest
 from zbrl.cli import DEMO_RECIPE, main
 from zbrl.config import load_config, resolved_yaml
 from zbrl.planning import RatesError, RunRates, Shape, read_rates, simulate
+from zbrl.planning.compare import (
+    Comparison,
+    measured_figures,
+    median_comparison,
+    render_table,
+)
 from zbrl.planning.contention import SpeedProfile, as_single_core, background_load
 from zbrl.planning.rates import GenerationModel
 from zbrl.telemetry.spans import Span
@@ -105,6 +111,8 @@ def test_rates_match_the_spans_written(tmp_path):
     assert rates.load_weights_s == pytest.approx(0.005)
     assert rates.train_per_group_s == pytest.approx(0.5 / B)
     assert rates.step_overhead_s == pytest.approx(0.02)
+    assert rates.take_latency_s == pytest.approx(0.1)  # every wait_for_data took 0.1 s
+    assert rates.score_spread == pytest.approx((1.0,) * 6)
     assert rates.weight_sync_s == pytest.approx(0.04)
     assert "staleness waits" in rates.weight_sync_source
     assert rates.response_length_mean == pytest.approx(15.5)
@@ -349,6 +357,14 @@ def test_background_load_slows_shared_cores_as_one_more_worker_would():
     assert own.samples_per_s == pytest.approx(B * G / 1.0)
 
 
+def test_the_takes_round_trip_is_consumer_idle_every_step():
+    # consumer-bound (0.5 s batches, 1 s steps): each step also waits 0.25 s for its take
+    rates = replace(simple_rates(0.5, 1.0), take_latency_s=0.25)
+    p = simulate(rates, shape(max_staleness=4))
+    assert p.samples_per_s == pytest.approx(B * G / 1.25)
+    assert p.consumer_idle_frac == pytest.approx(0.25 / 1.25)
+
+
 def test_data_parallel_consumers_split_the_step():
     rates = simple_rates(0.1, 1.0)
     p = simulate(rates, shape(consumers=2, producers=4, max_staleness=4))
@@ -435,3 +451,62 @@ def test_plot_of_the_splits(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plan", str(run_dir), "--plot", str(png)]) == 1
     assert "--plot needs --search" in capsys.readouterr().err
+
+
+# -- a prediction against a real run (bench/plan_validation.py) ---------------------------------
+
+
+def test_a_comparison_has_relative_throughput_and_point_idle_errors():
+    predicted = {
+        "samples_per_s": 110.0,
+        "producer_idle_frac": 0.30,
+        "consumer_idle_frac": 0.10,
+        "mean_staleness": 1.0,
+    }
+    measured = {
+        "samples_per_s": 100.0,
+        "producer_idle_frac": 0.24,
+        "consumer_idle_frac": 0.12,
+        "mean_staleness": 0.9,
+    }
+    c = Comparison("2x1", predicted, measured)
+    assert c.throughput_error == pytest.approx(0.10)
+    assert c.idle_error("producer") == pytest.approx(0.06)
+    assert c.idle_error("consumer") == pytest.approx(-0.02)
+    assert c.staleness_error == pytest.approx(0.1)
+    assert c.checks == {
+        "samples_per_s": True,
+        "producer_idle_frac": False,  # 6 points off
+        "consumer_idle_frac": True,
+    }
+    assert not c.passed
+    table = render_table([c])
+    assert "+10.0%" in table and "+6.0" in table and "FAIL (prod idle)" in table
+    fine = Comparison("2x1", {**predicted, "producer_idle_frac": 0.28}, measured)
+    assert fine.passed and "PASS" in render_table([fine])
+    assert json.loads(json.dumps(c.as_dict()))["passed"] is False
+
+
+def test_repeats_are_summarised_by_the_median_of_each_figure():
+    def figures(x: float) -> dict[str, float]:
+        return dict.fromkeys(
+            ("samples_per_s", "producer_idle_frac", "consumer_idle_frac", "mean_staleness"), x
+        )
+
+    runs = [Comparison("1x2", figures(p), figures(m)) for p, m in ((1, 5), (3, 4), (2, 9))]
+    med = median_comparison("1x2", runs)
+    assert med.predicted["samples_per_s"] == 2 and med.measured["consumer_idle_frac"] == 5
+
+
+def test_measured_figures_are_the_runs_steady_state(tmp_path):
+    run_dir = write_run(tmp_path / "run", with_metrics=False)
+    # metrics count steps from 1; the window leaves out the first tenth of the 5 steps (none)
+    # and the first step, whose end opens it
+    lines = [{"step": s, "staleness_mean": float(s)} for s in range(1, 6)]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    m = measured_figures(run_dir, G)
+    rates = read_rates(run_dir)
+    assert m["samples_per_s"] == pytest.approx(rates.measured["steady_samples_per_s"])
+    assert m["producer_idle_frac"] == pytest.approx(rates.measured["steady_producer_idle_frac"])
+    assert m["consumer_idle_frac"] == pytest.approx(rates.measured["steady_consumer_idle_frac"])
+    assert m["mean_staleness"] == pytest.approx((2 + 3 + 4 + 5) / 4)
