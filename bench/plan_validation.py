@@ -199,6 +199,16 @@ def main() -> None:
         f"efficiency {args.dp_efficiency}); the 1x1 row is the run planning itself"
     )
     print(render_table(rows))
+    measured_loads = [
+        f"{name} {statistics.median(v):.2f}"
+        for name, v in loads.items()
+        if all(x is not None for x in v)
+    ]
+    if measured_loads:
+        print(
+            "background load measured in each run (median; other runnable processes on the "
+            f"cores, the plans assume the 1x1 run's): {', '.join(measured_loads)}"
+        )
     if fitted:
         print(
             f"the data-parallel efficiency that would have predicted 1x2's samples/s: "

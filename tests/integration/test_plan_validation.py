@@ -18,7 +18,11 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
-STEPS = 40
+STEPS = 30
+LOAD_CHANGE = 1.0
+"""Largest change of the background load between the two runs (other processes competing for
+the cores) under which the comparison says something about the planner: it predicts for the
+load it measured in the 1x1 run (``--background-load run``)."""
 CORES = os.cpu_count() or 1
 
 
@@ -69,6 +73,12 @@ def test_a_plan_from_a_real_1x1_run_predicts_a_real_2x1_run(tmp_path, cache):
     )
     prediction = simulate(rates, shape)
     run(target, cache, producers=2)
+    load = read_rates(target, CORES).background_load
+    if load is not None and abs(load - shape.background_load) > LOAD_CHANGE:  # a busy shared machine (CI, ...)
+        pytest.skip(
+            f"the machine's background load changed from {shape.background_load:.2f} to "
+            f"{load:.2f} between the runs: the prediction assumed it stays"
+        )
     c = Comparison("2x1", predicted_figures(prediction), measured_figures(target, rates.group_size))
     print(render_table([c]))
     assert c.checks == {
