@@ -284,10 +284,13 @@ def plot(rows: list[Comparison], per_shape: dict[str, list[Comparison]], path: P
         alpha=0.15,
         label=f"±{THROUGHPUT_BOUND:.0%}",
     )
-    for r in rows:
+    for i, r in enumerate(rows):
+        color = f"C{i}"
         for c in per_shape[r.shape]:
-            a.scatter(c.measured["samples_per_s"], c.predicted["samples_per_s"], alpha=0.3, s=12)
-        a.scatter(r.measured["samples_per_s"], r.predicted["samples_per_s"], s=40)
+            a.scatter(
+                c.measured["samples_per_s"], c.predicted["samples_per_s"], alpha=0.3, s=12, c=color
+            )
+        a.scatter(r.measured["samples_per_s"], r.predicted["samples_per_s"], s=40, c=color)
         a.annotate(r.shape, (r.measured["samples_per_s"], r.predicted["samples_per_s"]))
     a.set_xlim(0, top)
     a.set_ylim(0, top)
