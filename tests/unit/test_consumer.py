@@ -39,9 +39,6 @@ class ScriptedBuffer:
     def close(self):
         self.calls.append(("close",))
 
-    def snapshot(self):
-        return {"sample_utilization": 0.75}
-
     def state(self):
         self.calls.append(("state",))
         return {"scripted": len(self.script)}
@@ -96,6 +93,7 @@ def batch(groups, step, partial=False):
         raw_groups=len(groups) + 1,
         raw_metrics={"reward": 0.25, "ans_acc": 0.5},
         partial=partial,
+        sample_utilization=0.75,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from zbrl.telemetry.hub import TelemetryHub
 from zbrl.transport.buffer import RolloutBuffer, TakeResult
-from zbrl.transport.handles import Handle
+from zbrl.transport.handles import Handle, Pending
 from zbrl.transport.weight_sync.object_store import WeightStore
 from zbrl.types import Reservation, RolloutGroup, WeightsMessage
 
@@ -24,6 +24,7 @@ class BufferClient:
 
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
+        self._advancing: Pending | None = None
 
     # producers
     def reserve(self, producer: int, n: int, timeout: float | None) -> Reservation | None:
@@ -43,10 +44,19 @@ class BufferClient:
         self, n: int | None, timeout: float | None, step: int = 0, rank: int = 0, ranks: int = 1
     ) -> TakeResult:
         """``ranks > 1``: data-parallel consumer ``rank`` takes the batch of ``step``."""
+        self._settle_advance()
         return self.handle.call(RolloutBuffer.take, n, timeout, step, rank, ranks)
 
     def advance_version(self, version: int) -> None:
-        self.handle.call(RolloutBuffer.advance_version, version)
+        """Sent without waiting (one round trip less per step); an error it raised comes out of
+        the next ``take`` or ``advance_version``."""
+        self._settle_advance()
+        self._advancing = self.handle.send(RolloutBuffer.advance_version, version)
+
+    def _settle_advance(self) -> None:
+        pending, self._advancing = self._advancing, None
+        if pending is not None:
+            pending.result()
 
     def close(self) -> None:
         self.handle.call(RolloutBuffer.close)
