@@ -128,3 +128,16 @@ def test_advance_version_errors_surface_at_the_next_call():
     with pytest.raises(RuntimeError, match="cannot advance to 1"):
         client.take(1, 0)
     assert client.take(1, 0) == ("timeout", None)  # reported once
+
+
+def test_hub_metrics_are_sent_without_waiting_and_errors_surface_next():
+    class Full(TelemetryHub):
+        def add_metrics(self, step, metrics):
+            raise RuntimeError(f"hub refused step {step}")
+
+    client = HubClient(LocalHandle(Full()))
+    client.add_metrics(4, {"loss": 1.0})  # nobody waits for it here
+    with pytest.raises(RuntimeError, match="hub refused step 4"):
+        client.add_spans([{"name": "generate"}])  # a role's final flush waits for it
+    client.add_spans([{"name": "push"}])  # reported once
+    assert [s["name"] for s in client.drain()["spans"]] == ["push"]
