@@ -12,6 +12,12 @@ does); with ``--repeats`` every figure is the median over the repeats.
     python bench/plan_validation.py                        # demo recipe, 50 steps, 1 repeat
     python bench/plan_validation.py --repeats 3 --json out.json --plot out.png
     python bench/plan_validation.py --shapes 2x1 --steps 40 key=value ...
+    python bench/plan_validation.py --repeats 3 --keep runs/pv    # keep the run directories
+    python bench/plan_validation.py --repeats 3 --replan runs/pv  # re-plan them, no new runs
+
+Where a shape has two consumers and 2x2 is among the shapes, the row "2x2 from 1x2" plans 2x2 from
+the real 1x2 run, and the data-parallel efficiency that would have predicted 1x2 is printed.
+Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -71,11 +77,19 @@ def run_shape(args: argparse.Namespace, producers: int, consumers: int, out: Pat
 
 
 def plan(
-    base: Path, producers: int, consumers: int, args: argparse.Namespace, dp_efficiency: float
+    base: Path,
+    producers: int,
+    consumers: int,
+    args: argparse.Namespace,
+    dp_efficiency: float,
+    load: float | None = None,
 ) -> dict:
-    return predicted_figures(
-        simulate(*_rates_and_shape(base, producers, consumers, args, dp_efficiency))
-    )
+    """The plan of ``producers x consumers`` from the run ``base``, at the background load
+    measured in ``base`` (or at ``load``)."""
+    rates, shape = _rates_and_shape(base, producers, consumers, args, dp_efficiency)
+    if load is not None:
+        shape = replace(shape, background_load=load)
+    return predicted_figures(simulate(rates, shape))
 
 
 def _rates_and_shape(
@@ -152,6 +166,7 @@ def main() -> None:
     per_shape: dict[str, list[Comparison]] = {}
     loads: dict[str, list[float | None]] = {}  # background load measured in each run
     fitted: list[float] = []  # the dp_efficiency that would have predicted 1x2
+    at_load: dict[str, list[Comparison]] = {}  # planned at the load each run measured
     with tempfile.TemporaryDirectory(prefix="zbrl-planval-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         for rep in range(args.repeats):
@@ -169,6 +184,21 @@ def main() -> None:
                 c = Comparison(name, predicted, measured_figures(out, g))
                 per_shape.setdefault(name, []).append(c)
                 loads.setdefault(name, []).append(read_rates(out, args.cores).background_load)
+                if loads[name][-1] is not None:  # diagnostic: the same plan at the run's load
+                    at_load.setdefault(name, []).append(
+                        Comparison(
+                            name,
+                            plan(
+                                base,
+                                producers,
+                                consumers,
+                                args,
+                                args.dp_efficiency,
+                                loads[name][-1],
+                            ),
+                            c.measured,
+                        )
+                    )
                 print(
                     f"repeat {rep + 1}/{args.repeats} {name}: {_one_line(c)}; background load "
                     f"{_num(loads[name][-1])} (planned with {_num(loads['1x1'][-1])})",
@@ -199,6 +229,15 @@ def main() -> None:
         f"efficiency {args.dp_efficiency}); the 1x1 row is the run planning itself"
     )
     print(render_table(rows))
+    loaded_rows = [median_comparison(name, cs) for name, cs in at_load.items()]
+    if loaded_rows:
+        print(
+            "\ndiagnostic: the same plans at the background load each run measured (separates "
+            "the model's error from the load's drift between runs; for data-parallel shapes the "
+            "measured load also holds the ranks' lockstep losses, so those rows are not "
+            "predictions)"
+        )
+        print(render_table(loaded_rows))
     measured_loads = [
         f"{name} {statistics.median(v):.2f}"
         for name, v in loads.items()
@@ -231,6 +270,7 @@ def main() -> None:
                     "load_before": load_before,
                     "load_after": load_after,
                     "medians": [r.as_dict() for r in rows],
+                    "medians_at_run_load": [r.as_dict() for r in loaded_rows],
                     "runs": {k: [c.as_dict() for c in cs] for k, cs in per_shape.items()},
                     "background_load": loads,
                     "fitted_dp_efficiency": fitted,
