@@ -510,3 +510,17 @@ def test_measured_figures_are_the_runs_steady_state(tmp_path):
     assert m["producer_idle_frac"] == pytest.approx(rates.measured["steady_producer_idle_frac"])
     assert m["consumer_idle_frac"] == pytest.approx(rates.measured["steady_consumer_idle_frac"])
     assert m["mean_staleness"] == pytest.approx((2 + 3 + 4 + 5) / 4)
+
+
+def test_background_load_option_needs_a_measured_load_or_a_number(tmp_path, capsys):
+    run_dir = str(write_run(tmp_path / "run"))
+    assert main(["plan", run_dir, "--cores", "2", "--background-load", "run"]) == 1
+    assert "--background-load run needs --run-cores" in capsys.readouterr().err
+    assert main(["plan", run_dir, "--background-load", "lots"]) == 1
+    assert "must be a number or 'run'" in capsys.readouterr().err
+    assert main(["plan", run_dir, "--cores", "1", "--background-load", "1", "--json"]) == 0
+    loaded = json.loads(capsys.readouterr().out)
+    assert main(["plan", run_dir, "--cores", "1", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert loaded["background_load"] == 1.0 and alone["background_load"] == 0.0
+    assert loaded["samples_per_s"] < alone["samples_per_s"]
