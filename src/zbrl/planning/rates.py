@@ -6,8 +6,11 @@ weight-sync latencies, kept for comparison). ``RUN_DIR/metrics.jsonl`` is option
 ``response_length`` gives the response-length distribution.
 
 Every rate is a median over the run's spans (robust to the slow first steps and to the odd
-evaluation pause). Producers and consumers of the run are pooled: the rate of "a producer" is the
-median over all producers' spans.
+evaluation pause). With ``run_cores`` (the run's workers shared that many CPU cores), the work
+spans become single-core work first: ``generate`` and ``train_step`` by the CPU time they recorded,
+the others by processor sharing under the background load that CPU time reveals
+(:mod:`zbrl.planning.contention`). Producers and consumers of the run are pooled: the rate of
+"a producer" is the median over all producers' spans.
 """
 
 from __future__ import annotations
