@@ -468,6 +468,11 @@ def main() -> None:
                 run = run_zbrl(shared, args, s, where)
                 curve = zbrl_curve(shared, run, initial)
                 run.pop("checkpoints")
+            print(
+                f"[peers] {system}: {run['steps']} steps, clock {curve[-1].seconds:.1f} s, "
+                f"final accuracy {curve[-1].accuracy:.3f} ({len(curve)} points)",
+                flush=True,
+            )
             run["curve"] = [asdict(p) for p in curve]
             runs[system].append(run)
     load_after = _load()
