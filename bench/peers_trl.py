@@ -241,6 +241,9 @@ def run_trl(shared: Shared, args, out: Path) -> dict[str, Any]:
 
         def on_step_end(self, targs, state, control, model=None, **kw):
             step = state.global_step
+            if step % 50 == 0:
+                seconds = time.perf_counter() - clock["start"] - clock["paused"]
+                print(f"[peers] trl: step {step}, clock {seconds:.1f} s", flush=True)
             if step % args.eval_every and step != args.steps:
                 return
             now = time.perf_counter()
