@@ -151,7 +151,11 @@ def zbrl_timing(run_dir: Path, eval_every: int, cfg) -> dict[str, Any]:
     durations = {int(s.attrs["step"]) + 1: s.duration for s in train}
     metrics = [m for m in read_metrics(run_dir) if "train_tokens_per_s" in m]
     summary = json.loads((run_dir / "summary.json").read_text())
-    lengths = [m["response_length"] for m in metrics if not math.isnan(m["response_length"])]
+    lengths = [
+        m["response_length"]
+        for m in metrics
+        if "response_length" in m and not math.isnan(m["response_length"])
+    ]
     return {
         "checkpoints": {k: (t, str(paths[k])) for k, t in times.items()},
         "steps": summary["steps"],
@@ -478,6 +482,8 @@ def main() -> None:
             )
             run["curve"] = [asdict(p) for p in curve]
             runs[system].append(run)
+            partial = out / "peers_trl.partial.json"  # what is done so far, if a later run fails
+            partial.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
     load_after = _load()
     table = summarise(runs, args.targets, args.budgets)
     print_table(table, args.targets, args.budgets)
