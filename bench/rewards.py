@@ -6,8 +6,10 @@
 Math responses come in GRPO-like groups (8 responses per prompt, the gold answer shared): ~40%
 correct in varied forms (fractions, decimals, thousands separators, LaTeX), ~30% wrong, ~30%
 malformed. Each run uses fresh prompts, so parse caches only help within a group, as in training.
-Modes: ``worker`` is the default (math_verify in a worker process under a 5 s deadline);
-``in-process`` is ``timeout_s=None`` (static guard only). ``code`` runs small stdin/stdout
+Modes: ``worker`` is the default (math_verify in a worker process under a 5 s deadline, every
+check of a batch in one round trip); ``worker 1-by-1`` scores the same batch one response per
+call (one round trip each: how producers scored before batching); ``in-process`` is
+``timeout_s=None`` (static guard only). ``code`` runs small stdin/stdout
 programs in the sandbox (``zbrl.rewards.code``) when it is installed.
 """
 
@@ -96,13 +98,27 @@ def code_batch(n: int, seed: int) -> tuple[list[str], list[dict], list[RewardCon
     return responses, examples, [ctx] * n
 
 
-def measure(reward, make_batch: Callable[[int], tuple], runs: int) -> tuple[int, float, float]:
-    """(responses, median seconds, mean reward)."""
+def one_by_one(reward):
+    """``reward`` scoring each response in a call of its own."""
+
+    def score_batch(responses, examples, contexts):
+        return [
+            reward.score_batch([r], [e], [c])[0] for r, e, c in zip(responses, examples, contexts)
+        ]
+
+    return type("OneByOne", (), {"score_batch": staticmethod(score_batch)})()
+
+
+def measure(
+    reward, make_batch: Callable[[int], tuple], runs: int, seed: int = 0
+) -> tuple[int, float, float]:
+    """(responses, median seconds, mean reward); batches ``seed``, ``seed + 1``, ... (give each
+    mode its own seeds: the parse cache of a worker would otherwise have seen them)."""
     warm = make_batch(10_000)
     reward.score_batch(*warm)  # start workers, import math_verify / the sandbox
     times, means, n = [], [], 0
     for run in range(runs):
-        responses, examples, contexts = make_batch(run)
+        responses, examples, contexts = make_batch(seed + run)
         n = len(responses)
         start = time.perf_counter()
         results = reward.score_batch(responses, examples, contexts)
@@ -121,10 +137,13 @@ def main() -> None:
 
     rows = []
     for name in ("think_answer_tags", "boxed"):
-        for mode, timeout_s in (("worker", 5.0), ("in-process", None)):
+        modes = (("worker", 5.0), ("worker 1-by-1", 5.0), ("in-process", None))
+        for k, (mode, timeout_s) in enumerate(modes):
             reward = build_reward(name, timeout_s=timeout_s)
+            if mode == "worker 1-by-1":
+                reward = one_by_one(reward)
             n, seconds, mean = measure(
-                reward, lambda seed, name=name: math_batch(name, n_math, seed), runs
+                reward, lambda seed, name=name: math_batch(name, n_math, seed), runs, 1000 * k
             )
             rows.append((name, mode, n, seconds, n / seconds, mean))
     try:
@@ -138,12 +157,12 @@ def main() -> None:
 
     print(f"reward scoring throughput (median of {runs} run{'s' * (runs > 1)})")
     header = (
-        f"{'reward':<18} {'mode':<11} {'responses':>9} {'seconds':>9} {'resp/s':>9} {'mean r':>7}"
+        f"{'reward':<18} {'mode':<13} {'responses':>9} {'seconds':>9} {'resp/s':>9} {'mean r':>7}"
     )
     print(header)
     print("-" * len(header))
     for name, mode, n, seconds, rate, mean in rows:
-        print(f"{name:<18} {mode:<11} {n:>9} {seconds:>9.3f} {rate:>9.1f} {mean:>7.3f}")
+        print(f"{name:<18} {mode:<13} {n:>9} {seconds:>9.3f} {rate:>9.1f} {mean:>7.3f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 
 from zbrl.assembly import settings
 from zbrl.config import RunConfig, load_config
+from zbrl.training.rows import MicroBatching
 
 
 @lru_cache(maxsize=32)
@@ -40,4 +41,9 @@ def consumer_settings(run_dir: str, *overrides: str, **fields: Any):
 
 
 def step_settings(*overrides: str, pad_id: int = 0, **fields: Any):
+    """``microbatch_size`` / ``microbatch_tokens`` stand for the fields of ``micro``."""
+    if "microbatch_size" in fields or "microbatch_tokens" in fields:
+        fields["micro"] = MicroBatching(
+            fields.pop("microbatch_size", 8), fields.pop("microbatch_tokens", None)
+        )
     return replace(settings.step_settings(run_config(*overrides), pad_id), **fields)

@@ -128,7 +128,7 @@ def test_ranks_share_the_end_of_data_and_must_keep_lockstep():
     assert buf.take(2, timeout=0, step=0, rank=0, ranks=2) == one
     buf.producer_finished(0)
     with pytest.raises(ValueError, match="lockstep"):
-        buf.take(2, timeout=0, step=1, rank=0, ranks=2)  # step 1 before version 1
+        buf.take(2, timeout=0, step=2, rank=0, ranks=2)  # step 2 at version 0
     buf.advance_version(1)
     buf.close()  # rank 0 finished and closed: rank 1 still gets the shared end
     assert buf.take(2, timeout=0, step=1, rank=0, ranks=2) == ("end", None)
@@ -163,6 +163,21 @@ def test_admission_capacity_rule():
     assert more.min_version == 1  # last effective index 11 // 4 - 1
 
 
+def test_asking_for_a_step_advances_admission_to_it():
+    """A consumer sends advance_version without waiting; its take of step k must not find the
+    buffer behind k even when the advance has not run yet."""
+    buf = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1))
+    res = buf.reserve(0, 100, timeout=0)
+    buf.put([make_group(t, 0) for t in res.tickets])
+    assert buf.take(2, timeout=0, step=0)[0] == "batch"
+    assert buf.reserve(0, 1, timeout=0).tickets == []  # version 0: no admission
+    assert buf.take(2, timeout=0, step=1) == ("timeout", None)
+    assert buf.version == 1
+    assert buf.reserve(0, 100, timeout=0).tickets == [2, 3]
+    buf.advance_version(1)  # arriving late changes nothing
+    assert buf.version == 1
+
+
 def test_filtered_groups_free_their_slots_and_are_counted():
     buf = RolloutBuffer(
         buffer_settings(
@@ -181,6 +196,7 @@ def test_filtered_groups_free_their_slots_and_are_counted():
     assert batch.raw_groups == 3
     snap = buf.snapshot()
     assert snap["sample_utilization"] == pytest.approx(4 / 6)
+    assert batch.sample_utilization == snap["sample_utilization"]  # the batch carries it
 
 
 def test_take_waits_for_ticket_order():

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from zbrl.training import checkpoint
 from zbrl.training.checkpoint import (
     STATE_DIR,
     CheckpointError,
@@ -89,6 +90,17 @@ def test_prune_keeps_the_newest(tmp_path):
     assert sorted(p.name for p in deleted) == ["step-1", "step-2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-11"]
     assert prune(tmp_path, keep=0) == []
+
+
+def test_prune_reads_no_file_back(tmp_path, monkeypatch):
+    """prune runs after every save: it checks the manifest and sizes, never the hashes."""
+    for step in (1, 2, 3):
+        save(tmp_path, step)
+    truncated = save(tmp_path, 4)
+    (truncated / STATE_DIR / "trainer.pt").write_bytes(b"cut")  # a cut file: not complete
+    monkeypatch.setattr(checkpoint, "_sha256", lambda path: pytest.fail(f"hashed {path}"))
+    assert sorted(p.name for p in prune(tmp_path, keep=2)) == ["step-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3", "step-4"]
 
 
 def test_a_corrupt_state_file_is_named(tmp_path):

@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from role_settings import buffer_settings
 
@@ -24,6 +25,10 @@ class RecordingHandle(LocalHandle):
     def call(self, method, *args, timeout=None):
         self.methods.append(method)
         return super().call(method, *args, timeout=timeout)
+
+    def send(self, method, *args):
+        self.methods.append(method)
+        return super().send(method, *args)
 
 
 def group(ticket):
@@ -55,7 +60,8 @@ def test_buffer_client_drives_the_buffer():
     client.producer_finished(0)
     status, batch = client.take(2, 0)
     assert status == "batch" and batch.partial and [g.uid for g in batch.groups] == ["u0"]
-    client.advance_version(1)
+    assert batch.sample_utilization == 1.0  # both samples generated were trained
+    client.advance_version(1)  # sent without waiting
     assert client.snapshot()["version"] == 1.0
     client.close()
     assert client.reserve(0, 1, 0) is None
@@ -108,3 +114,30 @@ def test_no_module_calls_a_shared_object_by_method_name():
         if re.search(r"\.call\(\s*[\"']", line)
     ]
     assert offenders == []
+
+
+def test_advance_version_errors_surface_at_the_next_call():
+    class Failing(RolloutBuffer):
+        def advance_version(self, version):
+            raise RuntimeError(f"cannot advance to {version}")
+
+    client = BufferClient(
+        LocalHandle(Failing(buffer_settings(groups_per_step=1, max_staleness=0, num_producers=1)))
+    )
+    client.advance_version(1)  # does not raise here: nobody waits for it
+    with pytest.raises(RuntimeError, match="cannot advance to 1"):
+        client.take(1, 0)
+    assert client.take(1, 0) == ("timeout", None)  # reported once
+
+
+def test_hub_metrics_are_sent_without_waiting_and_errors_surface_next():
+    class Full(TelemetryHub):
+        def add_metrics(self, step, metrics):
+            raise RuntimeError(f"hub refused step {step}")
+
+    client = HubClient(LocalHandle(Full()))
+    client.add_metrics(4, {"loss": 1.0})  # nobody waits for it here
+    with pytest.raises(RuntimeError, match="hub refused step 4"):
+        client.add_spans([{"name": "generate"}])  # a role's final flush waits for it
+    client.add_spans([{"name": "push"}])  # reported once
+    assert [s["name"] for s in client.drain()["spans"]] == ["push"]

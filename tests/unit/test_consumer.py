@@ -39,9 +39,6 @@ class ScriptedBuffer:
     def close(self):
         self.calls.append(("close",))
 
-    def snapshot(self):
-        return {"sample_utilization": 0.75}
-
     def state(self):
         self.calls.append(("state",))
         return {"scripted": len(self.script)}
@@ -96,6 +93,7 @@ def batch(groups, step, partial=False):
         raw_groups=len(groups) + 1,
         raw_metrics={"reward": 0.25, "ans_acc": 0.5},
         partial=partial,
+        sample_utilization=0.75,
     )
 
 
@@ -104,7 +102,9 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def make_trainer(model_dir, *, lr=1e-2, optimizer="adamw", microbatch_size=4, **settings):
+def make_trainer(
+    model_dir, *, lr=1e-2, optimizer="adamw", microbatch_size=4, microbatch_tokens=None, **settings
+):
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(model_dir)
     if optimizer == "adamw":
@@ -112,7 +112,13 @@ def make_trainer(model_dir, *, lr=1e-2, optimizer="adamw", microbatch_size=4, **
     else:
         opt = torch.optim.SGD(policy.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    kw = dict(advantage="grpo", loss=LossConfig(), microbatch_size=microbatch_size, pad_id=0)
+    kw = dict(
+        advantage="grpo",
+        loss=LossConfig(),
+        microbatch_size=microbatch_size,
+        microbatch_tokens=microbatch_tokens,
+        pad_id=0,
+    )
     kw.update(settings)
     return Trainer(SingleProcessEngine(policy, opt, sched), step_settings(**kw))
 
@@ -299,8 +305,12 @@ def test_gradient_accumulation_matches_one_micro_batch(tiny_model_dir):
         make_group(2, rewards=(0.0, 1.0, 0.0, 0.0), lengths=(2, 2, 7, 4), prompt_len=6),
     ]
     models = []
-    for size in (8, 3):
-        trainer = make_trainer(tiny_model_dir, optimizer="sgd", lr=1.0, microbatch_size=size)
+    # one pass; 3 rows at a time; length-sorted passes under a 20-token budget (widths 13, 10,
+    # 8, 5, 4 after sorting: passes of 1 row (13), 2 rows (10+8), 4 rows (5, 5, 4, 4))
+    for size, tokens in ((8, None), (3, None), (8, 20)):
+        trainer = make_trainer(
+            tiny_model_dir, optimizer="sgd", lr=1.0, microbatch_size=size, microbatch_tokens=tokens
+        )
         before = params_of(trainer.engine.policy)
         trainer.train(groups)
         after = params_of(trainer.engine.policy)

@@ -25,6 +25,8 @@ CASES = [
     # 5 groups, 2 per optimizer step: 3 optimizer steps; in the last one rank 0 has no group
     Case("minibatches", ("training.train_minibatch_size=2", *ACCUMULATE), 5, seed=7),
     Case("kl-reference", ("algorithm.beta=0.1", *ACCUMULATE), 3, seed=8),
+    # length-sorted passes under a token budget: the ranks run different numbers of them
+    Case("token-budget", ("training.train_microbatch_tokens=24", *ACCUMULATE), 3, seed=10),
 ]
 
 

@@ -20,12 +20,15 @@ from zbrl.rewards import (
     answers_equivalent,
     build_reward,
 )
-from zbrl.rewards.answer_check import normalize_answer, unsafe_reason
+from zbrl.rewards.answer_check import answers_equivalent_many, normalize_answer, unsafe_reason
 from zbrl.rewards.boxed import last_boxed
 from zbrl.rewards.deadline import (
     DeadlineExceeded,
     DeadlinePool,
+    Failed,
     WorkerStartError,
+    _Worker,
+    run_many_with_deadline,
     run_with_deadline,
 )
 
@@ -611,6 +614,51 @@ def test_run_with_deadline():
         pool.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         run_with_deadline(math.factorial, (3,), 1.0, pool=pool)
+
+
+def test_run_many_is_one_round_trip_and_a_missed_deadline_costs_one_call(monkeypatch):
+    sent = []
+    real_send = _Worker.send
+    monkeypatch.setattr(_Worker, "send", lambda self, req: (sent.append(req), real_send(self, req)))
+    pool = DeadlinePool(max_workers=1, preload=())
+    try:
+        calls = [(5,), (6,), (7,)]
+        assert run_many_with_deadline(math.factorial, calls, 10.0, pool=pool) == [120, 720, 5040]
+        assert len(sent) == 1  # three calls, one request
+        start = time.monotonic()
+        out = pool.run_many(pow, [(2, 3), (9, 9**9), (-1, 0.5), (3, 2)], 0.5)
+        assert time.monotonic() - start < 15
+        assert out[0] == 8 and out[3] == 9
+        assert isinstance(out[1], Failed) and isinstance(out[1].error, DeadlineExceeded)
+        assert "did not finish within 0.5 s" in str(out[1].error)
+        assert out[2] == pytest.approx(complex(0, 1))  # a value, not a failure
+        err = pool.run_many(math.sqrt, [(4.0,), (-1.0,)], 10.0)
+        assert err[0] == 2.0 and isinstance(err[1], Failed)
+        assert isinstance(err[1].error, ValueError)
+        assert len(sent) == 4  # after the deadline the last call went to a fresh worker
+    finally:
+        pool.shutdown()
+
+
+def test_answers_equivalent_many_matches_one_by_one():
+    pairs = [
+        ("\\frac{1}{2}", "0.5"),
+        ("1,000", "1000"),
+        ("3", "4"),
+        (None, "4"),
+        ("  ", "4"),
+        ("9^{9^{9}}", "2"),
+        ("x", "x"),
+    ]
+    for timeout_s in (None, 5.0):
+        one_by_one = [answers_equivalent(p, g, timeout_s=timeout_s) for p, g in pairs]
+        assert answers_equivalent_many(pairs, timeout_s=timeout_s) == one_by_one
+    assert answers_equivalent_many(pairs)[:4] == [
+        (True, "math_verify"),
+        (True, "math_verify"),
+        (False, "math_verify"),
+        (False, "none"),
+    ]
 
 
 def test_a_worker_that_cannot_start_is_an_error_not_a_wrong_answer():

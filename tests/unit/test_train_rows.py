@@ -1,9 +1,19 @@
 """build_rows / collate / split / trained_token_count: per-micro-batch right padding, masks."""
 
+import random
+
 import pytest
 import torch
 
-from zbrl.training.rows import Row, build_rows, collate, split, trained_token_count
+from zbrl.training.rows import (
+    MicroBatching,
+    Row,
+    build_rows,
+    collate,
+    plan_micro_batches,
+    split,
+    trained_token_count,
+)
 from zbrl.types import RolloutGroup
 
 PAD = 0
@@ -137,12 +147,12 @@ def test_collate_untrained_row_has_no_mask_but_keeps_tokens():
 
 def test_split_pads_each_micro_batch_to_its_own_max():
     rows = [row([1], [2]), row([1], [2, 3]), row([1], [2, 3, 4, 5, 6, 7, 8]), row([1], [2])]
-    parts = split(rows, 2)
+    parts = split(rows, MicroBatching(2, None))
     assert [len(p) for p in parts] == [2, 2]
     widths = [collate(p, PAD).input_ids_BT.shape[1] for p in parts]
     assert widths == [3, 8]
-    assert [len(p) for p in split(rows, 3)] == [3, 1]
-    assert split(rows, 3)[1][0] is rows[3]
+    assert [len(p) for p in split(rows, MicroBatching(3, None))] == [3, 1]
+    assert split(rows, MicroBatching(3, None))[1][0] is rows[3]
 
 
 def test_collate_with_built_rows_and_temperatures():
@@ -153,3 +163,43 @@ def test_collate_with_built_rows_and_temperatures():
     # truncated row 3 is masked; the others have exactly their response targets masked
     assert mb.mask_BT.sum(dim=1).tolist() == [2, 4, 1, 0]
     assert mb.targets_BT[3].tolist() == [22, 23, 24, PAD, PAD, PAD]
+
+
+# ------------------------------------------------------------------ micro-batch plans
+
+
+def padded_tokens(lengths, plan):
+    return sum(len(mb) * max(lengths[i] for i in mb) for mb in plan)
+
+
+def test_fixed_size_keeps_ticket_order():
+    assert plan_micro_batches([5, 1, 9, 2, 7], MicroBatching(2, None)) == [[0, 1], [2, 3], [4]]
+
+
+def test_token_budget_groups_longest_first_against_hand_worked_plan():
+    lengths = [13, 4, 8, 5, 10, 4, 5]
+    # sorted: 13 (0), 10 (4), 8 (2), 5 (3), 5 (6), 4 (1), 4 (5); budget 20:
+    # [13] (26 > 20 with a second row), [10, 8] (3 rows would be 30), [5, 5, 4, 4] (20)
+    plan = plan_micro_batches(lengths, MicroBatching(8, 20))
+    assert plan == [[0], [4, 2], [3, 6, 1, 5]]
+    assert padded_tokens(lengths, plan) == 13 + 20 + 20
+    # the row limit still holds under the budget
+    assert plan_micro_batches(lengths, MicroBatching(2, 100)) == [[0, 4], [2, 3], [6, 1], [5]]
+    # a row longer than the budget goes alone
+    assert plan_micro_batches([50, 3, 3], MicroBatching(8, 10)) == [[0], [1, 2]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_token_budget_plans_cover_every_row_once_within_budget(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(2, 48) for _ in range(rng.randint(1, 70))]
+    size, budget = rng.randint(1, 64), rng.randint(16, 2000)
+    plan = plan_micro_batches(lengths, MicroBatching(size, budget))
+    assert sorted(i for mb in plan for i in mb) == list(range(len(lengths)))
+    for mb in plan:
+        assert len(mb) <= size
+        assert len(mb) == 1 or len(mb) * max(lengths[i] for i in mb) <= budget
+    # sorting never pads more than the fixed plan with the same row count per pass
+    fixed = plan_micro_batches(lengths, MicroBatching(size, None))
+    if all(len(mb) * max(lengths[i] for i in mb) <= budget for mb in fixed):
+        assert len(plan) <= len(fixed) + 1

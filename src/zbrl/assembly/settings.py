@@ -11,6 +11,7 @@ from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.producer import ProducerSettings
 from zbrl.training.consumer import ConsumerSettings
+from zbrl.training.rows import MicroBatching
 from zbrl.training.step_start import CriticSettings
 from zbrl.training.train_step import StepSettings
 from zbrl.transport.buffer import BufferSettings
@@ -149,7 +150,9 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         policy_loss=a.policy_loss.type,
         loss=loss_config(cfg),
         minibatch_groups=cfg.minibatch_size,
-        microbatch_size=cfg.training.train_microbatch_size,
+        micro=MicroBatching(
+            size=cfg.training.train_microbatch_size, tokens=cfg.training.train_microbatch_tokens
+        ),
         filter_truncated=a.filter_truncated_response,
         loss_filter_range=None if a.dynamic_batching else a.filter_range,
         max_norm=a.max_norm,

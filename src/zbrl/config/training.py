@@ -59,6 +59,11 @@ class TrainingConfig(Section):
     train_microbatch_size: int = Field(default=8, ge=1)
     """Sequences per forward/backward pass on one consumer (gradient accumulation; padded per
     micro-batch)."""
+    train_microbatch_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of one forward/backward pass: rows × their padded length. When set, each
+    optimizer step's rows are sorted by length and grouped longest first, up to this budget and
+    at most ``train_microbatch_size`` rows, so short sequences are not padded to long ones (the
+    gradient is the same sum). None: ``train_microbatch_size`` rows at a time in ticket order."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps; None runs until the data ends."""
     logprob_chunk_size: int = Field(default=1024, ge=1)

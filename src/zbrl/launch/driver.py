@@ -263,7 +263,7 @@ def build_summary(
     initial: dict | None,
     final: dict | None,
 ) -> dict[str, Any]:
-    idle = monitor.idle_fractions(end)
+    idle, figures = monitor.run_figures(end)
     latencies = [
         lat
         for n, r in results.items()
@@ -281,6 +281,9 @@ def build_summary(
         "producer_idle_frac": idle.get("producer"),
         "consumer_idle_frac": idle.get("consumer"),
         "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0,
+        "overlap_efficiency": figures.overlap_efficiency if figures else None,
+        "producer_generate_frac": figures.producer_generate_frac if figures else None,
+        "overlap": figures.as_dict() if figures else None,
         "weight_sync_latency_p50_s": percentile(latencies, 50) if latencies else None,
         "weight_sync_latency_p95_s": percentile(latencies, 95) if latencies else None,
         "samples_trained": int(buffer_stats["samples_trained"]),

@@ -1,23 +1,33 @@
 """The driver's view of a running job: drains the telemetry hub into the run's files, keeps the
-progress bar, and computes live idle fractions."""
+progress bar, and computes live idle fractions.
+
+Spans go to ``timeline.jsonl`` as they arrive; the driver keeps only the last
+``LIVE_WINDOW_S`` seconds of them (for the progress bar's idle figures), so its memory does not
+grow with the run. The end-of-run figures are computed from the file.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from zbrl.config import RunConfig
 from zbrl.telemetry.idle import role_idle_frac, worker_utilisation
 from zbrl.telemetry.metrics import JsonlSink, MetricsSink, MultiSink
+from zbrl.telemetry.overlap import Overlap, overlap
 from zbrl.telemetry.spans import Span, as_span
-from zbrl.telemetry.timeline import TimelineWriter
+from zbrl.telemetry.timeline import TimelineWriter, read_timeline
 from zbrl.transport.clients import HubClient
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 IDLE_REFRESH_S = 5.0
+LIVE_WINDOW_S = 120.0
+"""The progress bar's idle figures cover the last this many seconds (spans older than that are
+only on disk)."""
 
 
 class RunMonitor:
@@ -37,7 +47,8 @@ class RunMonitor:
         self.hub = hub
         self.timeline = TimelineWriter(run_dir)
         self.sink = _build_sinks(cfg, run_dir)
-        self.spans: list[Span] = []
+        self.recent: deque[Span] = deque()
+        """Spans that ended within ``LIVE_WINDOW_S`` of the newest one."""
         self.step_metrics: dict[int, dict[str, float]] = {}
         self.eval_results: dict[int, dict[str, dict[str, float]]] = {}
         self.latest_step = start_step
@@ -51,7 +62,7 @@ class RunMonitor:
         drained = self.hub.drain(timeout=60)
         if drained["spans"]:
             self.timeline.write(drained["spans"])
-            self.spans += [as_span(s) for s in drained["spans"]]
+            self._keep_recent([as_span(s) for s in drained["spans"]])
         for step, metrics in drained["metrics"]:
             self.step_metrics[step] = metrics
             self.sink.log(step, _finite(metrics))
@@ -85,19 +96,21 @@ class RunMonitor:
         """A span the driver observed for a worker (for example a producer's restart)."""
         span = Span(worker, role, name, start, end)
         self.timeline.write([span])
-        self.spans.append(span)
+        self._keep_recent([span])
 
-    def idle_fractions(self, end: float) -> dict[str, float]:
-        if self.window_start is None or not self.spans or end <= self.window_start:
-            return {}
-        stats = worker_utilisation(self.spans, start=self.window_start, end=end)
-        out = {}
-        for role in ("producer", "consumer"):
-            try:
-                out[role] = role_idle_frac(stats, role)
-            except ValueError:
-                continue
-        return out
+    def run_figures(self, end: float) -> tuple[dict[str, float], Overlap | None]:
+        """The idle fraction of each role over the whole run (from ``window_start`` to ``end``)
+        and its overlap figures, from this segment's spans in ``timeline.jsonl``."""
+        if self.window_start is None or end <= self.window_start:
+            return {}, None
+        spans = [s for s in read_timeline(self.run_dir) if s.end >= self.window_start]
+        return _idle_by_role(spans, self.window_start, end), overlap(spans)
+
+    def _keep_recent(self, spans: list[Span]) -> None:
+        self.recent.extend(spans)
+        newest = max(s.end for s in self.recent)
+        while self.recent and self.recent[0].end < newest - LIVE_WINDOW_S:
+            self.recent.popleft()
 
     def close(self) -> None:
         if self._bar is not None:
@@ -118,14 +131,27 @@ class RunMonitor:
         if now - self._idle_refreshed_at < IDLE_REFRESH_S:
             return
         self._idle_refreshed_at = now
-        if self.spans:
-            end = max(s.end for s in self.spans[-50:])
-            for role, frac in self.idle_fractions(end).items():
-                self._postfix[f"idle_{role[0]}"] = f"{frac:.0%}"
+        if self.recent and self.window_start is not None:
+            end = max(s.end for s in self.recent)
+            start = max(self.window_start, end - LIVE_WINDOW_S)
+            if end > start:
+                for role, frac in _idle_by_role(self.recent, start, end).items():
+                    self._postfix[f"idle_{role[0]}"] = f"{frac:.0%}"
 
     def _show(self) -> None:
         if self._bar is not None:
             self._bar.set_postfix(self._postfix, refresh=False)
+
+
+def _idle_by_role(spans, start: float, end: float) -> dict[str, float]:
+    stats = worker_utilisation(spans, start=start, end=end)
+    out = {}
+    for role in ("producer", "consumer"):
+        try:
+            out[role] = role_idle_frac(stats, role)
+        except ValueError:
+            continue
+    return out
 
 
 def _build_sinks(cfg: RunConfig, run_dir: Path) -> MetricsSink:

@@ -15,7 +15,8 @@ Protection against pathological inputs (math_verify calls sympy, which can run f
   with an exponent inside an exponent, a huge integer exponent or a huge factorial;
 * with ``timeout_s`` set (the default) the math_verify step runs in a worker process of a small
   pool and is abandoned, the worker killed, after ``timeout_s`` seconds
-  (:func:`run_with_deadline`). ``timeout_s=None`` runs in-process: faster, no hard deadline.
+  (:func:`~zbrl.rewards.deadline.run_many_with_deadline`, one round trip per batch:
+  :func:`answers_equivalent_many`). ``timeout_s=None`` runs in-process: faster, no hard deadline.
 
 The deadline pool lives in :mod:`zbrl.rewards.deadline`; the scoring rule shared by the math
 rewards in :mod:`zbrl.rewards.math_reward`.
@@ -26,13 +27,16 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from zbrl.rewards.deadline import (
     DEFAULT_TIMEOUT_S,
     DeadlineExceeded,
+    Failed,
     WorkerCrashed,
-    run_with_deadline,
+    run_many_with_deadline,
 )
 
 logger = logging.getLogger(__name__)
@@ -278,38 +282,79 @@ def answers_equivalent(
     expression extraction. ``timeout_s`` is the hard deadline of the math_verify step, run in a
     worker process; None runs it in this process (no hard deadline, the static guard only).
     """
+    return answers_equivalent_many([(pred, gold)], timeout_s=timeout_s)[0]
+
+
+def answers_equivalent_many(
+    pairs: Sequence[tuple[str | None, str]], *, timeout_s: float | None = DEFAULT_TIMEOUT_S
+) -> list[tuple[bool, MatchMethod]]:
+    """:func:`answers_equivalent` for each ``(pred, gold)`` pair; with ``timeout_s`` set, every
+    math_verify step of the batch goes to the worker in one round trip (each call keeps its own
+    deadline)."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"answers_equivalent: timeout_s must be > 0 or None, got {timeout_s}")
+    prepared = [_prepare(pred, gold) for pred, gold in pairs]
+    verify = [i for i, c in enumerate(prepared) if c is not None and not c.guarded]
+    verdicts: dict[int, bool | None] = {}
+    if timeout_s is None:
+        for i in verify:
+            c = prepared[i]
+            assert c is not None
+            verdicts[i] = math_verify_equal(c.pred, c.gold)
+    elif verify:
+        calls = [(prepared[i].pred, prepared[i].gold) for i in verify]  # type: ignore[union-attr]
+        for i, outcome in zip(verify, run_many_with_deadline(math_verify_equal, calls, timeout_s)):
+            verdicts[i] = _verdict(outcome, pairs[i][0])
+    return [
+        (False, "none") if c is None else _decide(c, verdicts.get(i))
+        for i, c in enumerate(prepared)
+    ]
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    pred: str
+    gold: str
+    guarded: bool
+    """Pathological text on either side: math_verify is skipped."""
+
+
+def _prepare(pred: str | None, gold: str) -> _Comparison | None:
+    """The folded texts to compare; None when there is nothing to compare."""
     gold = check_gold(gold)
     if pred is None:
-        return False, "none"
+        return None
     if not isinstance(pred, str):
         raise TypeError(
             f"answers_equivalent: pred must be a str or None, got {type(pred).__name__}"
         )
-    if timeout_s is not None and not timeout_s > 0:
-        raise ValueError(f"answers_equivalent: timeout_s must be > 0 or None, got {timeout_s}")
     pred_text = fold_unicode(pred).strip()
     gold_text = fold_unicode(gold).strip()
     if not pred_text:
-        return False, "none"
+        return None
     guarded = unsafe_reason(pred_text) is not None or unsafe_reason(gold_text) is not None
-    verdict: bool | None = None
-    if not guarded:
-        if timeout_s is None:
-            verdict = math_verify_equal(pred_text, gold_text)
-        else:
-            try:
-                verdict = run_with_deadline(math_verify_equal, (pred_text, gold_text), timeout_s)
-            except (DeadlineExceeded, WorkerCrashed) as exc:
-                logger.warning(
-                    "math_verify gave no verdict on %.80r (%s); string match only", pred, exc
-                )
-                verdict = None
+    return _Comparison(pred_text, gold_text, guarded)
+
+
+def _verdict(outcome: Any, pred: str | None) -> bool | None:
+    """math_verify's verdict from a worker's outcome; None when the worker gave none."""
+    if not isinstance(outcome, Failed):
+        return outcome
+    if isinstance(outcome.error, DeadlineExceeded | WorkerCrashed):
+        logger.warning(
+            "math_verify gave no verdict on %.80r (%s); string match only", pred, outcome.error
+        )
+        return None
+    raise outcome.error
+
+
+def _decide(c: _Comparison, verdict: bool | None) -> tuple[bool, MatchMethod]:
     if verdict:
         return True, "math_verify"
-    if guarded:  # pathological text: only an exact match (up to whitespace) counts
-        same = "".join(pred_text.split()) == "".join(gold_text.split())
+    if c.guarded:  # pathological text: only an exact match (up to whitespace) counts
+        same = "".join(c.pred.split()) == "".join(c.gold.split())
     else:
-        same = normalize_answer(pred_text) == normalize_answer(gold_text)
+        same = normalize_answer(c.pred) == normalize_answer(c.gold)
     if same:
         return True, "string"
     return False, "math_verify" if verdict is False else "string"

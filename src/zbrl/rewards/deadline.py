@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -66,7 +67,8 @@ def _read_exact_blocking(stream: Any, n: int) -> bytes:
 
 
 def _worker_main(preload: Sequence[str]) -> None:
-    """Entry point of a worker process: run pickled ``(fn, args, kwargs, timeout_s)`` requests."""
+    """Entry point of a worker process: run pickled ``(fn, [args, ...], kwargs, timeout_s)``
+    requests, one call per ``args`` in order, each under its own deadline, one reply per call."""
     requests = os.fdopen(os.dup(0), "rb", buffering=0)
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -87,25 +89,35 @@ def _worker_main(preload: Sequence[str]) -> None:
         except EOFError:
             return
         try:
-            fn, args, kwargs, timeout_s = pickle.loads(request)
+            fn, calls, kwargs, timeout_s = pickle.loads(request)
         except Exception as exc:
-            reply: tuple[str, Any] = (
-                "err",
-                RuntimeError(f"worker cannot unpickle the task: {exc!r}"),
-            )
-        else:
+            # one reply for the whole request: the parent fails all its calls with it
+            _reply(replies, ("fatal", RuntimeError(f"worker cannot unpickle the task: {exc!r}")))
+            continue
+        for args in calls:
             signal.alarm(math.ceil(timeout_s) + _SELF_DESTRUCT_GRACE_S)
             try:
-                reply = ("ok", fn(*args, **kwargs))
+                reply: tuple[str, Any] = ("ok", fn(*args, **kwargs))
             except Exception as exc:
                 reply = ("err", exc)
             finally:
                 signal.alarm(0)
-        try:
-            data = pickle.dumps(reply)
-        except Exception as exc:
-            data = pickle.dumps(("err", RuntimeError(f"worker cannot pickle the result: {exc!r}")))
-        _write_message(replies, data)
+            _reply(replies, reply)
+
+
+def _reply(replies: Any, reply: tuple[str, Any]) -> None:
+    try:
+        data = pickle.dumps(reply)
+    except Exception as exc:
+        data = pickle.dumps(("err", RuntimeError(f"worker cannot pickle the result: {exc!r}")))
+    _write_message(replies, data)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The outcome of a call that raised (in :meth:`DeadlinePool.run_many`'s results)."""
+
+    error: BaseException
 
 
 class _Worker:
@@ -142,14 +154,16 @@ class _Worker:
             self.kill()
             raise WorkerStartError(f"the deadline worker sent {status!r} instead of 'ready'")
 
-    def call(self, request: bytes, timeout_s: float) -> tuple[str, Any]:
+    def send(self, request: bytes) -> None:
         try:
             assert self.proc.stdin is not None
             _write_message(self.proc.stdin, request)
         except (BrokenPipeError, OSError, ValueError) as exc:
             raise WorkerCrashed(f"deadline worker is gone: {exc!r}") from None
-        data = self._receive(time.monotonic() + timeout_s)
-        return pickle.loads(data)
+
+    def reply(self, timeout_s: float) -> tuple[str, Any]:
+        """The next call's reply, within ``timeout_s`` of now."""
+        return pickle.loads(self._receive(time.monotonic() + timeout_s))
 
     def _receive(self, deadline: float) -> bytes:
         header = self._read_exact(_HEADER.size, deadline)
@@ -223,30 +237,72 @@ class DeadlinePool:
         """``fn(*args, **kwargs)`` in a worker; raises :class:`DeadlineExceeded` after
         ``timeout_s`` seconds and :class:`WorkerCrashed` if the worker dies. Exceptions raised by
         ``fn`` are re-raised here. ``fn`` must be picklable (a module-level function)."""
+        (outcome,) = self.run_many(fn, [args], timeout_s, kwargs)
+        if isinstance(outcome, Failed):
+            raise outcome.error
+        return outcome
+
+    def run_many(
+        self,
+        fn: Callable[..., Any],
+        calls: Sequence[Sequence[Any]],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """``fn(*args, **kwargs)`` for every ``args`` of ``calls``, in one worker and one round
+        trip, each call under its own ``timeout_s`` deadline. Returns one outcome per call, in
+        order: its value, or :class:`Failed` holding what it raised (``fn``'s exception,
+        :class:`DeadlineExceeded`, :class:`WorkerCrashed`). A call that misses its deadline or
+        kills its worker costs only itself: the calls after it go to a fresh worker."""
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        calls = [tuple(args) for args in calls]
+        outcomes: list[Any] = []
+        while len(outcomes) < len(calls):
+            outcomes += self._run_batch(fn, calls[len(outcomes) :], timeout_s, kwargs)
+        return outcomes
+
+    def _run_batch(
+        self,
+        fn: Callable[..., Any],
+        calls: list[tuple[Any, ...]],
+        timeout_s: float,
+        kwargs: Mapping[str, Any] | None,
+    ) -> list[Any]:
+        """Outcomes of a prefix of ``calls`` (all of them unless one killed the worker)."""
         try:
-            request = pickle.dumps((fn, tuple(args), dict(kwargs or {}), timeout_s))
+            request = pickle.dumps((fn, calls, dict(kwargs or {}), timeout_s))
         except Exception as exc:
             raise TypeError(
                 f"run_with_deadline cannot send {fn!r} to a worker process ({exc}); pass a "
                 f"module-level function and picklable arguments"
             ) from exc
         worker = self._acquire()
+        outcomes: list[Any] = []
         healthy = False
         try:
-            status, value = worker.call(request, timeout_s)
+            worker.send(request)
+            for _ in calls:
+                status, value = worker.reply(timeout_s)
+                if status == "fatal":
+                    outcomes += [Failed(value)] * (len(calls) - len(outcomes))
+                    break
+                outcomes.append(Failed(value) if status == "err" else value)
             healthy = True
         except DeadlineExceeded:
-            raise DeadlineExceeded(
-                f"{getattr(fn, '__qualname__', fn)!s} did not finish within {timeout_s} s; its "
-                f"worker process was killed"
-            ) from None
+            outcomes.append(
+                Failed(
+                    DeadlineExceeded(
+                        f"{getattr(fn, '__qualname__', fn)!s} did not finish within {timeout_s} s; "
+                        f"its worker process was killed"
+                    )
+                )
+            )
+        except WorkerCrashed as exc:
+            outcomes.append(Failed(exc))
         finally:
             self._release(worker, healthy)
-        if status == "err":
-            raise value
-        return value
+        return outcomes
 
     def _acquire(self) -> _Worker:
         with self._cond:
@@ -327,3 +383,15 @@ def run_with_deadline(
     seconds, or raise :class:`DeadlineExceeded` (the worker is killed, so even a computation that
     holds the GIL in C code is stopped). Safe to call from any thread."""
     return (pool or default_pool()).run(fn, args, timeout_s, kwargs)
+
+
+def run_many_with_deadline(
+    fn: Callable[..., Any],
+    calls: Sequence[Sequence[Any]],
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    pool: DeadlinePool | None = None,
+) -> list[Any]:
+    """:func:`run_with_deadline` for many calls in one round trip to one worker (see
+    :meth:`DeadlinePool.run_many`): a value or a :class:`Failed` per call."""
+    return (pool or default_pool()).run_many(fn, calls, timeout_s)

@@ -4,11 +4,17 @@ only in how they extract the answer."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent, check_gold
-from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardResult
+from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent_many, check_gold
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardContext,
+    RewardResult,
+    check_batch_lengths,
+)
 from zbrl.rewards.length import LengthShaping, as_length_shaping
 
 # --------------------------------------------------------------------------------------------
@@ -81,12 +87,40 @@ class MathAnswerReward(BaseReward):
         return check_gold(example[self.answer_field], field=self.answer_field)
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        gold = self.gold(example)
-        answer, format_valid, format_problem = self.extract(response)
-        checked = answer is not None and (format_valid or ctx.eval_mode)
-        correct, method = False, "none"
-        if checked:
-            correct, method = answers_equivalent(answer, gold, timeout_s=self.timeout_s)
+        return self.score_batch([response], [example], [ctx])[0]
+
+    def score_batch(
+        self,
+        responses: Sequence[str],
+        examples: Sequence[Example],
+        contexts: Sequence[RewardContext],
+    ) -> list[RewardResult]:
+        """Every answer check of the batch in one round trip to the deadline worker."""
+        check_batch_lengths(responses, examples, contexts)
+        golds = [self.gold(example) for example in examples]
+        extracted = [self.extract(response) for response in responses]
+        checked = [
+            answer is not None and (format_valid or ctx.eval_mode)
+            for (answer, format_valid, _), ctx in zip(extracted, contexts, strict=True)
+        ]
+        pairs = [(e[0], gold) for e, gold, c in zip(extracted, golds, checked) if c]
+        verdicts = iter(answers_equivalent_many(pairs, timeout_s=self.timeout_s))
+        return [
+            self._result(*e, *(next(verdicts) if c else (False, "none")), checked=c, ctx=ctx)
+            for e, c, ctx in zip(extracted, checked, contexts, strict=True)
+        ]
+
+    def _result(
+        self,
+        answer: str | None,
+        format_valid: bool,
+        format_problem: str | None,
+        correct: bool,
+        method: str,
+        *,
+        checked: bool,
+        ctx: RewardContext,
+    ) -> RewardResult:
         reward = self.correct_reward if correct else self.wrong_reward
         if format_valid:
             reward += self.format_reward

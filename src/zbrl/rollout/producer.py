@@ -2,9 +2,9 @@
 
 Loop: reserve admission from the buffer → make sure the loaded weights are recent enough for the
 reserved tickets (the staleness bound) and swap in the newest fetched version → generate G
-completions per prompt → score → push one RolloutGroup per prompt. Receiving weights happens in a
-background thread (a ``WeightReceiver`` of :mod:`zbrl.transport.weight_sync`); loading them
-happens here, between generation batches.
+completions per prompt → score them (a whole chunk in one call) → push one RolloutGroup per
+prompt. Receiving weights happens in a background thread (a ``WeightReceiver`` of
+:mod:`zbrl.transport.weight_sync`); loading them happens here, between generation batches.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zbrl.data.sampler import ShardedSampler
-from zbrl.rewards.base import RewardContext, RewardFunction
+from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rng import rng_state, set_rng_state
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
@@ -123,7 +123,7 @@ class Producer:
         imbs = self.settings.inference_microbatch_size
         for start in range(0, len(batch), imbs):
             chunk = batch[start : start + imbs]
-            tickets = reservation.tickets[start : start + imbs]
+            tickets = reservation.tickets[start : start + len(chunk)]  # the rest were released
             groups += self._rollout(chunk, tickets, version)
         self.groups_pushed += len(groups)
         self.samples_pushed += sum(g.group_size for g in groups)
@@ -204,10 +204,43 @@ class Producer:
         with self.recorder.span(GENERATE, prompts=len(chunk), version=version):
             completions = self.backend.generate([p.prompt_ids for p, _, _ in chunk], params)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
-            return [
-                self._group(prompt, epoch, ticket, comps, version, temperature)
-                for (prompt, epoch, _), ticket, comps in zip(chunk, tickets, completions)
+            scored = self._score(chunk, completions)
+        return [
+            self._group(prompt, epoch, ticket, comps, contexts, results, version, temperature)
+            for (prompt, epoch, _), ticket, comps, (contexts, results) in zip(
+                chunk, tickets, completions, scored, strict=True
+            )
+        ]
+
+    def _score(
+        self,
+        chunk: list[tuple[EncodedPrompt, int, float]],
+        completions: list[list[Completion]],
+    ) -> list[tuple[list[RewardContext], list[RewardResult]]]:
+        """Every completion of the chunk in one ``score_batch`` call (one round trip to a
+        reward's worker, not one per group); per group: its contexts and results."""
+        budget = self.settings.sampling.max_new_tokens
+        contexts = [
+            [
+                RewardContext(
+                    response_tokens=int(c.token_ids.numel()),
+                    max_new_tokens=budget,
+                    truncated=c.finish_reason == "length",
+                )
+                for c in comps
             ]
+            for comps in completions
+        ]
+        results = self.reward.score_batch(
+            [c.text for comps in completions for c in comps],
+            [prompt.example for (prompt, _, _), comps in zip(chunk, completions) for _ in comps],
+            [ctx for group in contexts for ctx in group],
+        )
+        out, start = [], 0
+        for group in contexts:
+            out.append((group, results[start : start + len(group)]))
+            start += len(group)
+        return out
 
     def _group(
         self,
@@ -215,20 +248,11 @@ class Producer:
         epoch: int,
         ticket: int,
         completions: list[Completion],
+        contexts: list[RewardContext],
+        results: list[RewardResult],
         version: int,
         temperature: float,
     ) -> RolloutGroup:
-        budget = self.settings.sampling.max_new_tokens
-        contexts = [
-            RewardContext(
-                response_tokens=int(c.token_ids.numel()),
-                max_new_tokens=budget,
-                truncated=c.finish_reason == "length",
-            )
-            for c in completions
-        ]
-        texts = [c.text for c in completions]
-        results = self.reward.score_batch(texts, [prompt.example] * len(texts), contexts)
         return RolloutGroup(
             uid=f"{prompt.uid}@e{epoch}",
             prompt_ids=list(prompt.prompt_ids),
@@ -243,7 +267,7 @@ class Producer:
             temperature=temperature,
             producer=self.settings.index,
             ticket=ticket,
-            response_texts=texts,
+            response_texts=[c.text for c in completions],
             created_at=time.time(),
         )
 

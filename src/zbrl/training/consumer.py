@@ -152,8 +152,7 @@ class Consumer:
         if self.rank != 0:
             return  # rank 0 reports the step (its metrics are the whole step's)
         metrics.update(_batch_metrics(batch, self.version - 1, train_s))
-        snapshot = self.buffer.snapshot()
-        metrics["sample_utilization"] = snapshot["sample_utilization"]
+        metrics["sample_utilization"] = batch.sample_utilization
         if self.on_step is not None:
             self.on_step(self.version, metrics)
         every = self.settings.log_rollout_interval

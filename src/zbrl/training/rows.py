@@ -85,7 +85,7 @@ def build_rows(
 
 def collate(rows: list[Row], pad_id: int) -> MicroBatch:
     """Right-pad ``rows`` to their own longest sequence."""
-    lengths = [len(r.prompt_ids) + int(r.response_ids.numel()) for r in rows]
+    lengths = [row_length(r) for r in rows]
     width = max(lengths)
     n = len(rows)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -135,8 +135,49 @@ def _padded(rows: list[Row], name: str, shape: torch.Size) -> torch.Tensor | Non
     return out
 
 
-def split(rows: list[Row], size: int) -> list[list[Row]]:
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
+@dataclass(frozen=True)
+class MicroBatching:
+    """How an optimizer step's rows are cut into forward/backward passes."""
+
+    size: int
+    """Rows per micro-batch at most."""
+    tokens: int | None
+    """Token budget (rows × padded length) per micro-batch; None: ``size`` rows in order."""
+
+
+def row_length(row: Row) -> int:
+    return len(row.prompt_ids) + int(row.response_ids.numel())
+
+
+def plan_micro_batches(lengths: list[int], batching: MicroBatching) -> list[list[int]]:
+    """Row indices of each micro-batch. Without a token budget: consecutive runs of
+    ``batching.size``. With one: longest first, a micro-batch closes when one more row would
+    take it over the budget (its padded width is its first, longest row) or over ``size`` rows;
+    a row longer than the budget goes alone."""
+    if batching.tokens is None:
+        return [
+            list(range(i, min(i + batching.size, len(lengths))))
+            for i in range(0, len(lengths), batching.size)
+        ]
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = []
+    for i in order:
+        current = plan[-1] if plan else None
+        if (
+            current is None
+            or len(current) == batching.size
+            or (len(current) + 1) * lengths[current[0]] > batching.tokens
+        ):
+            plan.append([i])
+        else:
+            current.append(i)
+    return plan
+
+
+def split(rows: list[Row], batching: MicroBatching) -> list[list[Row]]:
+    """``rows`` cut into micro-batches (see :func:`plan_micro_batches`)."""
+    plan = plan_micro_batches([row_length(r) for r in rows], batching)
+    return [[rows[i] for i in indices] for indices in plan]
 
 
 def trained_token_count(rows: list[Row]) -> tuple[int, int]:

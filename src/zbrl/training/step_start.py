@@ -12,7 +12,7 @@ import torch
 
 from zbrl.algorithms.gae import explained_variance, gae, token_rewards, whiten
 from zbrl.training.engine.base import Engine
-from zbrl.training.rows import Row, collate, response_span, split
+from zbrl.training.rows import MicroBatching, Row, collate, response_span, split
 
 LogprobFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(logits_BTV, targets_BT, temperatures_B) -> logprobs_BT`` at each row's temperature."""
@@ -41,7 +41,7 @@ def annotate_step_start(
     rows: list[Row],
     logprob_fn: LogprobFn,
     *,
-    microbatch_size: int,
+    batching: MicroBatching,
     pad_id: int,
     proximal: bool,
     reference: bool,
@@ -52,7 +52,7 @@ def annotate_step_start(
     if not (proximal or reference or values):
         return
     dev = engine.device
-    for micro_rows in split(rows, microbatch_size):
+    for micro_rows in split(rows, batching):
         mb = collate(micro_rows, pad_id)
         ids, attention = mb.input_ids_BT.to(dev), mb.attention_BT.to(dev)
         targets = mb.targets_BT.to(dev)

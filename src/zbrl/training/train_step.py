@@ -19,7 +19,16 @@ from zbrl.algorithms.logprobs import logprobs_and_entropy
 from zbrl.algorithms.mismatch import mismatch_metrics
 from zbrl.algorithms.policy_loss import LossConfig, LossInputs, LossOutputs, compute_policy_loss
 from zbrl.training.engine.base import Engine
-from zbrl.training.rows import MicroBatch, Row, build_rows, collate, split, trained_token_count
+from zbrl.training.rows import (
+    MicroBatch,
+    MicroBatching,
+    Row,
+    build_rows,
+    collate,
+    plan_micro_batches,
+    split,
+    trained_token_count,
+)
 from zbrl.training.step_start import CriticSettings, annotate_gae, annotate_step_start
 from zbrl.types import RolloutGroup
 
@@ -37,7 +46,8 @@ class StepSettings:
     policy_loss: str
     advantage_kwargs: dict[str, Any]
     minibatch_groups: int | None
-    microbatch_size: int
+    micro: MicroBatching
+    """How each optimizer step's rows are cut into forward/backward passes."""
     filter_truncated: bool
     loss_filter_range: tuple[float, float] | None
     max_norm: float
@@ -102,7 +112,7 @@ class Trainer:
                 loss_filter_range=s.loss_filter_range,
                 trained_version=policy_version,
             )
-            count = micro_batch_count(chunk, engine.world_size, s.microbatch_size)
+            count = micro_batch_count(chunk, engine.world_size, s.micro)
             minibatches.append((rows, count))
         self._check_versions(policy_version)
         metrics = self._step_start([row for rows, _ in minibatches for row in rows])
@@ -140,7 +150,7 @@ class Trainer:
             self.engine,
             rows,
             lambda logits, targets, temps: self._logprobs(logits, targets, temps)[0],
-            microbatch_size=s.microbatch_size,
+            batching=s.micro,
             pad_id=s.pad_id,
             proximal=s.loss.correction == "decoupled" and s.proximal == "recompute",
             reference=critic is not None and critic.kl_coef > 0,
@@ -158,7 +168,7 @@ class Trainer:
         tokens, seqs = trained_token_count(rows)
         local = Normalisers(tokens=float(tokens), seqs=float(seqs), norm_tokens=s.norm_tokens)
         norm = engine.reduce_normalisers(local)
-        micro_batches = split(rows, s.microbatch_size)
+        micro_batches = split(rows, s.micro)
         # every rank runs as many micro-batches as the busiest one (collectives pair up)
         padding = micro_batches_to_run - len(micro_batches)
         micro_batches += [[padding_row(s.pad_id)] for _ in range(padding)]
@@ -271,12 +281,17 @@ def rank_slice(num_groups: int, rank: int, world_size: int) -> slice:
     return slice(rank * num_groups // world_size, (rank + 1) * num_groups // world_size)
 
 
-def micro_batch_count(groups: list[RolloutGroup], world_size: int, microbatch_size: int) -> int:
-    """Micro-batches of the busiest rank for one optimizer step over ``groups``."""
+def micro_batch_count(groups: list[RolloutGroup], world_size: int, batching: MicroBatching) -> int:
+    """Micro-batches of the busiest rank for one optimizer step over ``groups`` (every rank
+    sees the whole batch, so each works out every rank's plan)."""
     counts = []
     for rank in range(world_size):
-        rows = sum(g.group_size for g in groups[rank_slice(len(groups), rank, world_size)])
-        counts.append(-(-rows // microbatch_size))
+        lengths = [
+            len(g.prompt_ids) + int(r.numel())
+            for g in groups[rank_slice(len(groups), rank, world_size)]
+            for r in g.response_ids
+        ]
+        counts.append(len(plan_micro_batches(lengths, batching)))
     return max(counts)
 
 

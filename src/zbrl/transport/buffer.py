@@ -215,10 +215,14 @@ class RolloutBuffer:
         checkpoint) and ``("timeout", None)`` when ``timeout`` passes first. With ``ranks > 1``
         each of the ``ranks`` data-parallel consumers asks for ``step`` (its version) as ``rank``
         and all get the same batch (or end, or stop), popped once (see the module docstring).
+        Asking for ``step`` = version + 1 also moves admission to version ``step`` (as
+        :meth:`advance_version`, which a consumer sends without waiting for it).
         """
         n = n or self.settings.groups_per_step
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            if step == self._version + 1:  # asking for the next step means this one is done
+                self._advance(step)  # (the consumer's advance_version may be on its way)
             if ranks > 1 and step not in self._shared and step != self._version:
                 raise ValueError(
                     f"consumer rank {rank} asked for step {step} at version {self._version}: "
@@ -260,9 +264,12 @@ class RolloutBuffer:
     def advance_version(self, version: int) -> None:
         """The consumers finished a step: admission moves forward."""
         with self._cond:
-            if version > self._version:
-                self._version = version
-                self._cond.notify_all()
+            self._advance(version)
+
+    def _advance(self, version: int) -> None:
+        if version > self._version:
+            self._version = version
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Wake every waiter; further reservations and takes return None."""
@@ -444,6 +451,7 @@ class RolloutBuffer:
             raw_groups=len(raw),
             raw_metrics=_mean_raw(raw),
             partial=partial,
+            sample_utilization=self.stats.as_dict()["sample_utilization"],
         )
 
 

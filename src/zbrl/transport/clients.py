@@ -9,11 +9,13 @@ error) instead of a runtime Ray error.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from zbrl.telemetry.hub import TelemetryHub
 from zbrl.transport.buffer import RolloutBuffer, TakeResult
-from zbrl.transport.handles import Handle
+from zbrl.transport.handles import Handle, Pending
 from zbrl.transport.weight_sync.object_store import WeightStore
 from zbrl.types import Reservation, RolloutGroup, WeightsMessage
 
@@ -24,6 +26,7 @@ class BufferClient:
 
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
+        self._advancing: Pending | None = None
 
     # producers
     def reserve(self, producer: int, n: int, timeout: float | None) -> Reservation | None:
@@ -43,10 +46,19 @@ class BufferClient:
         self, n: int | None, timeout: float | None, step: int = 0, rank: int = 0, ranks: int = 1
     ) -> TakeResult:
         """``ranks > 1``: data-parallel consumer ``rank`` takes the batch of ``step``."""
+        self._settle_advance()
         return self.handle.call(RolloutBuffer.take, n, timeout, step, rank, ranks)
 
     def advance_version(self, version: int) -> None:
-        self.handle.call(RolloutBuffer.advance_version, version)
+        """Sent without waiting (one round trip less per step); an error it raised comes out of
+        the next ``take`` or ``advance_version``."""
+        self._settle_advance()
+        self._advancing = self.handle.send(RolloutBuffer.advance_version, version)
+
+    def _settle_advance(self) -> None:
+        pending, self._advancing = self._advancing, None
+        if pending is not None:
+            pending.result()
 
     def close(self) -> None:
         self.handle.call(RolloutBuffer.close)
@@ -139,15 +151,31 @@ class HubClient:
 
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
+        self._sending: Pending | None = None
+        self._lock = threading.Lock()  # a worker's span flusher thread calls too
 
     def add_spans(self, spans: list[dict[str, Any]]) -> None:
+        """Waits for the hub, and for what was sent before it (a role's final flush)."""
+        self._settle()
         self.handle.call(TelemetryHub.add_spans, spans)
 
     def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.handle.call(TelemetryHub.add_metrics, step, metrics)
+        """Sent without waiting (a consumer calls it every step); an error it raised comes out
+        of the next ``add_metrics`` or ``add_event``."""
+        self._settle(then=lambda: self.handle.send(TelemetryHub.add_metrics, step, metrics))
 
     def add_event(self, kind: str, data: Any) -> None:
-        self.handle.call(TelemetryHub.add_event, kind, data)
+        """Sent without waiting, like :meth:`add_metrics`."""
+        self._settle(then=lambda: self.handle.send(TelemetryHub.add_event, kind, data))
+
+    def _settle(self, then: Callable[[], Pending] | None = None) -> None:
+        """Wait for the call in flight (raising its error), then start ``then``."""
+        with self._lock:
+            pending, self._sending = self._sending, None
+            if pending is not None:
+                pending.result()
+            if then is not None:
+                self._sending = then()
 
     def drain(self, timeout: float | None = None) -> dict[str, list]:
         return self.handle.call(TelemetryHub.drain, timeout=timeout)

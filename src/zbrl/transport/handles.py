@@ -25,6 +25,11 @@ class Handle(Protocol):
         target with ``args``; ``timeout`` bounds the wait for a remote result."""
         ...
 
+    def send(self, method: Callable[..., Any], *args: Any) -> Pending:
+        """Start ``method`` on the target without waiting for it; the returned
+        :class:`Pending` gives its result (or raises its error) when asked."""
+        ...
+
     def put_object(self, value: Any) -> Any:
         """Store ``value`` where any process can fetch it; returns a small payload to send."""
         ...
@@ -32,6 +37,42 @@ class Handle(Protocol):
     def get_object(self, payload: Any, timeout: float | None = None) -> Any:
         """The value stored by :meth:`put_object`."""
         ...
+
+
+class Pending(Protocol):
+    """A call started with :meth:`Handle.send`."""
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the call; its return value, or its exception raised here."""
+        ...
+
+
+class _Done:
+    """A call that already ran (in this process): its value or its exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        try:
+            self._value = fn()
+        except Exception as e:  # kept for result(), as a remote call would
+            self._error = e
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _RayPending:
+    def __init__(self, ref: Any, default_timeout: float | None) -> None:
+        self.ref = ref
+        self.default_timeout = default_timeout
+
+    def result(self, timeout: float | None = None) -> Any:
+        import ray
+
+        return ray.get(self.ref, timeout=timeout if timeout is not None else self.default_timeout)
 
 
 class LocalHandle:
@@ -46,6 +87,9 @@ class LocalHandle:
 
     def call(self, method: Callable[..., R], *args: Any, timeout: float | None = None) -> R:
         return getattr(self.target, method.__name__)(*args)
+
+    def send(self, method: Callable[..., Any], *args: Any) -> Pending:
+        return _Done(lambda: getattr(self.target, method.__name__)(*args))
 
     def put_object(self, value: Any) -> Any:
         return value
@@ -67,6 +111,9 @@ class RayHandle:
 
         ref = getattr(self.actor, method.__name__).remote(*args)
         return ray.get(ref, timeout=timeout if timeout is not None else self.default_timeout)
+
+    def send(self, method: Callable[..., Any], *args: Any) -> Pending:
+        return _RayPending(getattr(self.actor, method.__name__).remote(*args), self.default_timeout)
 
     def put_object(self, value: Any) -> Any:
         import ray
