@@ -231,6 +231,7 @@ def test_data_ending_inside_a_micro_batch_keeps_tickets_and_prompts_paired(rig_f
     # reservations [0..3] (4 prompts), [4, 5-7 released]: one prompt in a chunk of 4 tickets
     assert [len(prompts) for prompts, _, _ in backend.generate_calls] == [4, 1]
     groups, status = rig.take_all(2)
+    assert status == "end"
     assert [g.ticket for g in groups] == [0, 1, 2, 3, 4]
 
 
