@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
 
-.PHONY: setup test lint format demo bench clean setup-vllm test-vllm
+.PHONY: setup test lint format demo bench clean setup-vllm test-vllm setup-peers test-peers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,27 @@ setup-vllm: $(VLLM_STAMP)
 test-vllm: setup-vllm
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(VLLM_BIN)/python -m pytest -q -m vllm tests
 
+# TRL (bench/peers_trl.py: GRPOTrainer side by side with zbrl) in a venv of its own, on the same
+# CPU torch; the main venv and CI never install it.
+PEERS_VENV ?= .venv-peers
+PEERS_BIN := $(PEERS_VENV)/bin
+PEERS_STAMP := $(PEERS_VENV)/.zbrl-installed
+
+$(PEERS_BIN)/python:
+	$(PY) -m venv $(PEERS_VENV)
+	$(PEERS_BIN)/pip install --quiet --upgrade pip
+
+$(PEERS_STAMP): $(PEERS_BIN)/python pyproject.toml constraints.txt
+	$(PEERS_BIN)/pip install --quiet torch==2.13.0
+	$(PEERS_BIN)/pip install --quiet -c constraints.txt -e '.[dev,peers]'
+	touch $(PEERS_STAMP)
+
+setup-peers: $(PEERS_STAMP)
+
+# Only the tests marked peers: a few GRPOTrainer steps on the embedded model.
+test-peers: setup-peers
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(PEERS_BIN)/python -m pytest -q -m peers tests
+
 lint: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
@@ -61,4 +82,4 @@ bench: setup
 	$(BIN)/python bench/scaling.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV) build *.egg-info src/*.egg-info

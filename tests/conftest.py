@@ -21,8 +21,16 @@ def _has_vllm() -> bool:
     return vllm_available()
 
 
+def _has_trl() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("trl") is not None
+
+
 def pytest_collection_modifyitems(config, items):
     skips = {}
+    if not _has_trl():
+        skips["peers"] = pytest.mark.skip(reason="needs TRL (make setup-peers)")
     if not _has_cuda():
         skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")
     if not _has_vllm():

@@ -97,6 +97,9 @@ class TrainBatch:
     """Pre-filter reward / accuracy / length means over those raw groups."""
     partial: bool = False
     """True for the last batch of a run, smaller than ``train_batch_size``."""
+    parked_producers: int = 0
+    """Producers on the consumer's node that cannot run before the consumer's next version (see
+    ``RolloutBuffer.take``): their cores are free for this step."""
     sample_utilization: float = 0.0
     """Samples trained so far over samples generated so far, this batch included (the buffer's
     counters when it popped the batch; saves the consumer a call per step)."""

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.algorithms.policy_loss import LossConfig
 from zbrl.telemetry.spans import SpanRecorder
-from zbrl.training.consumer import Consumer
+from zbrl.training.consumer import Consumer, ThreadLending
 from zbrl.training.engine.single import SingleProcessEngine
 from zbrl.training.train_step import Trainer
 from zbrl.transport.clients import BufferClient, WeightStoreClient
@@ -26,7 +26,7 @@ class ScriptedBuffer:
         self.script = list(script)
         self.calls = []
 
-    def take(self, n, timeout, step=0, rank=0, ranks=1):
+    def take(self, n, timeout, step=0, rank=0, ranks=1, node=""):
         self.calls.append(("take", n))
         if not self.script:
             return "end", None
@@ -224,6 +224,42 @@ def test_consumer_steps_publish_advance_and_metrics(
     assert record["prompt"] == tokenizer.decode(group3.prompt_ids, skip_special_tokens=False)
     assert record["responses"] == [f"resp-3-{j}" for j in range(4)]
     assert record["rewards"] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_a_step_borrows_parked_producers_threads_and_gives_them_back(tiny_model_dir, tmp_path):
+    assert ThreadLending(own=1, per_producer=1, cap=2).for_step(3) == 2  # capped at the cores
+    assert ThreadLending(own=2, per_producer=2, cap=8).for_step(1) == 4
+    assert ThreadLending(own=2, per_producer=2, cap=1).for_step(0) == 2  # never below its own
+
+    class Recording(ScriptedBuffer):
+        def advance_version(self, version):
+            super().advance_version(version)
+            self.calls.append(("threads_at_advance", torch.get_num_threads()))
+
+    lent, alone = batch([make_group(1), make_group(2)], 0), batch([make_group(3)], 1)
+    lent.parked_producers = 1
+    buffer = Recording([lent, alone])
+    spans = SpanRecorder("consumer-0", "consumer")
+    steps = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        Consumer(
+            consumer_settings(str(tmp_path), groups_per_step=2, max_steps=None),
+            make_trainer(tiny_model_dir),
+            BufferClient(LocalHandle(buffer)),
+            ObjectStorePublisher(WeightStoreClient(LocalHandle(RecordingStore()))),
+            spans,
+            on_step=lambda v, m: steps.append(m),
+            lending=ThreadLending(own=1, per_producer=1, cap=2),
+        ).run()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    trained = [s["attrs"]["threads"] for s in spans.drain() if s["name"] == "train_step"]
+    assert trained == [2, 1]
+    assert [m["lent_threads"] for m in steps] == [1.0, 0.0]
+    assert buffer.called("threads_at_advance") == [(1,), (1,)]  # given back before producers run
 
 
 def test_consumer_stops_at_max_steps(tiny_model_dir, tmp_path, publishers):

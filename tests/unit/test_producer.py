@@ -224,6 +224,17 @@ def test_tickets_are_consumed_in_order_and_data_end_releases_the_rest(rig_factor
     assert [g.ticket for b in batches for g in b.groups] == [0, 1, 2, 3, 4]
 
 
+def test_data_ending_inside_a_micro_batch_keeps_tickets_and_prompts_paired(rig_factory):
+    rig = rig_factory(num_prompts=5, groups_per_step=2)
+    producer, backend, _ = rig.producer(inference_batch_size=4, inference_microbatch_size=4)
+    producer.run()
+    # reservations [0..3] (4 prompts), [4, 5-7 released]: one prompt in a chunk of 4 tickets
+    assert [len(prompts) for prompts, _, _ in backend.generate_calls] == [4, 1]
+    groups, status = rig.take_all(2)
+    assert status == "end"
+    assert [g.ticket for g in groups] == [0, 1, 2, 3, 4]
+
+
 def test_inference_micro_batches_split_each_reservation(rig_factory):
     rig = rig_factory(num_prompts=5, groups_per_step=3)
     producer, backend, _ = rig.producer(inference_batch_size=3, inference_microbatch_size=2)

@@ -49,6 +49,11 @@ class LaunchConfig(Section):
     next death ends the run, leaving a resumable checkpoint."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
+    lend_threads: bool = True
+    """A lone consumer trains a step with the threads of the producers parked on its node for
+    that whole step (every producer waiting for admission: only the consumer's next version
+    frees them), up to the node's cores, and gives them back before it advances. Off: each
+    worker keeps ``torch_threads``. Not used by data-parallel consumers."""
 
     @model_validator(mode="before")
     @classmethod

@@ -3,6 +3,7 @@ backends) in its own process and wraps one plain role (Producer, Consumer, Evalu
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from zbrl.config import RunConfig
 from zbrl.config.transport import ObjectStoreSync
 from zbrl.launch.placement import describe_process, node_address
 from zbrl.telemetry.spans import SpanRecorder
+from zbrl.training.consumer import ThreadLending
 from zbrl.training.distributed import GroupSpec, join_group
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import RayHandle
@@ -67,6 +69,14 @@ def _run_role(run: Any, close: Any, recorder: SpanRecorder, hub: HubClient) -> A
         flusher.stop()
 
 
+def _lending(cfg: RunConfig) -> ThreadLending | None:
+    """A lone consumer borrows parked producers' threads (``launch.lend_threads``)."""
+    if not cfg.launch.lend_threads or cfg.launch.num_consumers > 1:
+        return None
+    t = cfg.launch.torch_threads
+    return ThreadLending(own=t, per_producer=t, cap=max(t, len(os.sched_getaffinity(0))))
+
+
 def _setup_process(cfg: RunConfig, seed_offset: int) -> None:
     quiet_transformers()
     torch.set_num_threads(cfg.launch.torch_threads)
@@ -111,7 +121,7 @@ class ProducerWorker:
             prompts,
             backend,
             build_reward_fn(cfg),
-            BufferClient(RayHandle(buffer)),
+            BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
         )
@@ -174,12 +184,13 @@ class ConsumerWorker:
         self.consumer = Consumer(
             consumer_settings(cfg, run_dir),
             trainer,
-            BufferClient(RayHandle(buffer)),
+            BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.publisher,
             self.recorder,
             tokenizer=tokenizer,
             on_step=self.hub.add_metrics,
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
+            lending=_lending(cfg),
         )
         if trainer_state is not None:
             self.consumer.load_state(load_state(Path(trainer_state)))

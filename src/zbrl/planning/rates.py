@@ -25,6 +25,7 @@ from pathlib import Path
 from zbrl.config import ConfigError, RunConfig, load_config
 from zbrl.planning.contention import as_single_core, background_load
 from zbrl.telemetry.idle import worker_utilisation
+from zbrl.telemetry.overlap import WARMUP_FRACTION, steady_window
 from zbrl.telemetry.spans import (
     CPU_S,
     GENERATE,
@@ -43,8 +44,6 @@ from zbrl.telemetry.timeline import TIMELINE_FILE, read_timeline
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
-WARMUP_FRACTION = 0.1
-"""Share of the steps left out of the steady-state figures (simulated and measured alike)."""
 WORK_SPANS = frozenset({GENERATE, SCORE, PUSH, LOAD_WEIGHTS, TRAIN_STEP})
 """Spans whose duration is CPU work (what ``run_cores`` converts)."""
 CPU_TIMED = frozenset({GENERATE, TRAIN_STEP})
@@ -312,24 +311,15 @@ def weight_sync_seconds(spans: list[Span]) -> tuple[float, str]:
 
 def steady_state_figures(spans: list[Span], group_size: int) -> dict[str, float]:
     """The run's own figures over the window the simulation reports (from the end of the first
-    tenth of the steps to the end of the last), to compare a prediction with like for like:
-    ``steady_samples_per_s``, ``steady_producer_idle_frac``, ``steady_consumer_idle_frac`` (means
-    over the workers of each role). Empty when the run made fewer than two steps."""
-    ends: dict[int, tuple[float, int]] = {}
-    for s in spans:
-        if s.name == TRAIN_STEP and "step" in s.attrs:
-            step = int(s.attrs["step"])
-            end, _ = ends.get(step, (0.0, 0))
-            ends[step] = (max(end, s.end), int(s.attrs.get("groups", 0)))
-    steps = sorted(ends)
-    if len(steps) < 2:
+    tenth of the steps to the end of the last, :func:`zbrl.telemetry.overlap.steady_window`), to
+    compare a prediction with like for like: ``steady_samples_per_s``,
+    ``steady_producer_idle_frac``, ``steady_consumer_idle_frac`` (means over the workers of each
+    role). Empty when the run made fewer than two steps."""
+    window = steady_window(spans, WARMUP_FRACTION)
+    if window is None:
         return {}
-    first = max(0, min(len(steps) - 2, int(len(steps) * WARMUP_FRACTION)))
-    start, end = ends[steps[first]][0], ends[steps[-1]][0]
-    if not end > start:
-        return {}
-    samples = sum(ends[k][1] for k in steps[first + 1 :]) * group_size
-    out = {"steady_samples_per_s": samples / (end - start)}
+    start, end = window.start, window.end
+    out = {"steady_samples_per_s": window.groups * group_size / (end - start)}
     stats = worker_utilisation(spans, start=start, end=end)
     for role in ("producer", "consumer"):
         fracs = [w.idle_frac for w in stats.values() if w.role == role]

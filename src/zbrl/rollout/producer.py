@@ -123,7 +123,7 @@ class Producer:
         imbs = self.settings.inference_microbatch_size
         for start in range(0, len(batch), imbs):
             chunk = batch[start : start + imbs]
-            tickets = reservation.tickets[start : start + imbs]
+            tickets = reservation.tickets[start : start + len(chunk)]  # the rest were released
             groups += self._rollout(chunk, tickets, version)
         self.groups_pushed += len(groups)
         self.samples_pushed += sum(g.group_size for g in groups)

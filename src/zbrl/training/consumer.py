@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zbrl.rng import rng_state, set_rng_state
 from zbrl.telemetry.spans import TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
 from zbrl.training.checkpoint import BUFFER_FILE, TRAINER_FILE, prune, save_checkpoint
@@ -50,6 +52,20 @@ class ConsumerSettings:
     """JSONL file that gets one line per step: the uids trained and their policy versions."""
 
 
+@dataclass(frozen=True)
+class ThreadLending:
+    """A lone consumer's torch threads for a step: its own, plus ``per_producer`` for each
+    producer parked on its node for the step (``TrainBatch.parked_producers``), at most
+    ``cap`` (the node's cores)."""
+
+    own: int
+    per_producer: int
+    cap: int
+
+    def for_step(self, parked: int) -> int:
+        return max(self.own, min(self.cap, self.own + parked * self.per_producer))
+
+
 @dataclass
 class ConsumerResult:
     """What a consumer reports when it stops."""
@@ -77,7 +93,9 @@ class Consumer:
         tokenizer: Any = None,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
+        lending: ThreadLending | None = None,
     ) -> None:
+        """``lending``: borrow parked producers' cores for a step (None: never)."""
         self.settings = settings
         self.trainer = trainer
         self.buffer = buffer
@@ -86,6 +104,7 @@ class Consumer:
         self.tokenizer = tokenizer
         self.on_step = on_step
         self.on_rollouts = on_rollouts
+        self.lending = lending
         self.version = 0
         self.groups_trained = 0
         self.samples_trained = 0
@@ -135,13 +154,19 @@ class Consumer:
 
     def _train(self, batch: TrainBatch) -> None:
         start = time.time()
-        with self.recorder.span(TRAIN_STEP, step=self.version, groups=len(batch.groups)):
+        threads = self._borrow(batch.parked_producers)
+        with self.recorder.span(
+            TRAIN_STEP, step=self.version, groups=len(batch.groups), threads=threads
+        ):
             metrics = self.trainer.train(batch.groups, policy_version=self.version)
         train_s = time.time() - start
         self.version += 1
         weights = self.trainer.engine.full_state_dict()  # a collective on sharded engines
         if self.rank == 0:
             self.publisher.publish(self.version, weights)
+        if self.lending is not None:
+            torch.set_num_threads(self.lending.own)  # before the parked producers wake
+            metrics["lent_threads"] = float(threads - self.lending.own)
         self.buffer.advance_version(self.version)
         self.groups_trained += len(batch.groups)
         self.samples_trained += sum(g.group_size for g in batch.groups)
@@ -158,6 +183,14 @@ class Consumer:
         every = self.settings.log_rollout_interval
         if self.on_rollouts is not None and every and self.version % every == 0:
             self.on_rollouts(self.version, self._rollout_records(batch))
+
+    def _borrow(self, parked: int) -> int:
+        """Threads for this step (see :class:`ThreadLending`)."""
+        if self.lending is None:
+            return torch.get_num_threads()
+        threads = self.lending.for_step(parked)
+        torch.set_num_threads(threads)
+        return threads
 
     def _rollout_records(self, batch: TrainBatch) -> list[dict[str, Any]]:
         """Decoded samples of a few groups, for ``rollouts.jsonl``."""

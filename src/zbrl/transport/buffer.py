@@ -98,6 +98,8 @@ class RolloutBuffer:
         self.settings = settings
         self._cond = threading.Condition()
         self._version = 0
+        self._parked: dict[int, str] = {}
+        """Producers waiting in ``reserve`` for admission → their node."""
         self._next_ticket = 0
         self._dropped = 0
         self._slots: dict[int, object] = {}  # ticket -> None (pending) | RolloutGroup | _DROPPED
@@ -114,18 +116,23 @@ class RolloutBuffer:
 
     # -- producers -----------------------------------------------------------------------------
 
-    def reserve(self, producer: int, n: int, timeout: float | None = None) -> Reservation | None:
+    def reserve(
+        self, producer: int, n: int, timeout: float | None = None, node: str = ""
+    ) -> Reservation | None:
         """Block until admission allows at least one group; grant up to ``n`` tickets.
 
-        Returns None when the buffer is closed, and an empty reservation on timeout.
+        Returns None when the buffer is closed, and an empty reservation on timeout. ``node``:
+        where the producer runs (a producer waiting here is *parked*: see :meth:`take`).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._ended_for_producers() and self._room() < 1:
                 remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                if remaining is not None and remaining <= 0:  # (it calls again: still parked)
                     return Reservation(tickets=[], min_version=0)
+                self._parked[producer] = node
                 self._cond.wait(remaining)
+            self._parked.pop(producer, None)
             if self._ended_for_producers():
                 return None
             k = min(n, self._room())
@@ -189,6 +196,7 @@ class RolloutBuffer:
                     del self._owners[ticket]
             for p in which:
                 self._finished.discard(p)
+                self._parked.pop(p, None)
             self._cond.notify_all()
             return {p: self._producer_states.get(p) for p in which}
 
@@ -206,6 +214,7 @@ class RolloutBuffer:
         step: int = 0,
         rank: int = 0,
         ranks: int = 1,
+        node: str = "",
     ) -> TakeResult:
         """Block until ``n`` effective groups are ready in ticket order and return them.
 
@@ -217,6 +226,12 @@ class RolloutBuffer:
         and all get the same batch (or end, or stop), popped once (see the module docstring).
         Asking for ``step`` = version + 1 also moves admission to version ``step`` (as
         :meth:`advance_version`, which a consumer sends without waiting for it).
+
+        A batch says how many producers on the consumer's ``node`` are parked for the whole
+        step (``TrainBatch.parked_producers``): when every producer waits in :meth:`reserve` and
+        admission has no room, nothing but the consumer's next version can wake them (room only
+        grows with the version, with drops, which producers cause, or with the pops of ``take``,
+        already done), so a lone consumer may use their cores until it advances.
         """
         n = n or self.settings.groups_per_step
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -237,6 +252,8 @@ class RolloutBuffer:
                 if len(ready) >= n or (complete and ready):
                     batch = self._pop_batch(ready[:n], partial=len(ready) < n)
                     if batch is not None:
+                        if ranks == 1:
+                            batch.parked_producers = self._parked_on(node)
                         return self._share(("batch", batch), step, rank, ranks)
                     continue  # every group was stale and dropped: look again
                 if complete or self._closed:
@@ -366,6 +383,12 @@ class RolloutBuffer:
 
     def _ended_for_producers(self) -> bool:
         return self._closed or self._stopping
+
+    def _parked_on(self, node: str) -> int:
+        """Producers on ``node`` that stay parked until the version moves (0 unless all are)."""
+        if len(self._parked) < self.settings.num_producers or self._room() >= 1:
+            return 0
+        return sum(n == node for n in self._parked.values())
 
     def _room(self) -> int:
         b, s = self.settings.groups_per_step, self.settings.max_staleness

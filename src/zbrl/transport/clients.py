@@ -24,13 +24,16 @@ class BufferClient:
     """The :class:`~zbrl.transport.buffer.RolloutBuffer` as producers, consumers and the driver
     see it (see its methods for the contracts)."""
 
-    def __init__(self, handle: Handle) -> None:
+    def __init__(self, handle: Handle, node: str = "") -> None:
+        """``node``: where the caller runs (the buffer tells a consumer which producers on its
+        node are parked)."""
         self.handle = handle
+        self.node = node
         self._advancing: Pending | None = None
 
     # producers
     def reserve(self, producer: int, n: int, timeout: float | None) -> Reservation | None:
-        return self.handle.call(RolloutBuffer.reserve, producer, n, timeout)
+        return self.handle.call(RolloutBuffer.reserve, producer, n, timeout, self.node)
 
     def put(self, groups: list[RolloutGroup], producer_state: dict[str, Any] | None = None) -> None:
         self.handle.call(RolloutBuffer.put, groups, producer_state)
@@ -47,7 +50,7 @@ class BufferClient:
     ) -> TakeResult:
         """``ranks > 1``: data-parallel consumer ``rank`` takes the batch of ``step``."""
         self._settle_advance()
-        return self.handle.call(RolloutBuffer.take, n, timeout, step, rank, ranks)
+        return self.handle.call(RolloutBuffer.take, n, timeout, step, rank, ranks, self.node)
 
     def advance_version(self, version: int) -> None:
         """Sent without waiting (one round trip less per step); an error it raised comes out of
