@@ -98,8 +98,8 @@ class RolloutBuffer:
         self.settings = settings
         self._cond = threading.Condition()
         self._version = 0
-        self._parked: dict[int, str] = {}
-        """Producers waiting in ``reserve`` for admission → their node."""
+        self._nodes: dict[int, str] = {}
+        """Producer → the node it said it runs on (in ``reserve``)."""
         self._next_ticket = 0
         self._dropped = 0
         self._slots: dict[int, object] = {}  # ticket -> None (pending) | RolloutGroup | _DROPPED
@@ -122,17 +122,16 @@ class RolloutBuffer:
         """Block until admission allows at least one group; grant up to ``n`` tickets.
 
         Returns None when the buffer is closed, and an empty reservation on timeout. ``node``:
-        where the producer runs (a producer waiting here is *parked*: see :meth:`take`).
+        where the producer runs (see :meth:`take`).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._ended_for_producers() and self._room() < 1:
                 remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:  # (it calls again: still parked)
+                if remaining is not None and remaining <= 0:
                     return Reservation(tickets=[], min_version=0)
-                self._parked[producer] = node
                 self._cond.wait(remaining)
-            self._parked.pop(producer, None)
+            self._nodes[producer] = node
             if self._ended_for_producers():
                 return None
             k = min(n, self._room())
@@ -196,7 +195,6 @@ class RolloutBuffer:
                     del self._owners[ticket]
             for p in which:
                 self._finished.discard(p)
-                self._parked.pop(p, None)
             self._cond.notify_all()
             return {p: self._producer_states.get(p) for p in which}
 
@@ -228,10 +226,11 @@ class RolloutBuffer:
         :meth:`advance_version`, which a consumer sends without waiting for it).
 
         A batch says how many producers on the consumer's ``node`` are parked for the whole
-        step (``TrainBatch.parked_producers``): when every producer waits in :meth:`reserve` and
-        admission has no room, nothing but the consumer's next version can wake them (room only
-        grows with the version, with drops, which producers cause, or with the pops of ``take``,
-        already done), so a lone consumer may use their cores until it advances.
+        step (``TrainBatch.parked_producers``): when admission has no room and no ticket is in
+        flight, no producer has anything to generate, and nothing but the consumer's next version
+        can give them any (room only grows with the version, with drops, which only puts and
+        releases of tickets in flight cause, or with the pops of ``take``, already done); a lone
+        consumer may use their cores until it advances.
         """
         n = n or self.settings.groups_per_step
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -385,10 +384,10 @@ class RolloutBuffer:
         return self._closed or self._stopping
 
     def _parked_on(self, node: str) -> int:
-        """Producers on ``node`` that stay parked until the version moves (0 unless all are)."""
-        if len(self._parked) < self.settings.num_producers or self._room() >= 1:
+        """Producers on ``node`` with nothing to do until the version moves (0 unless all)."""
+        if self._owners or self._room() >= 1:
             return 0
-        return sum(n == node for n in self._parked.values())
+        return sum(n == node for n in self._nodes.values())
 
     def _room(self) -> int:
         b, s = self.settings.groups_per_step, self.settings.max_staleness
