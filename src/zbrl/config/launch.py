@@ -49,11 +49,13 @@ class LaunchConfig(Section):
     next death ends the run, leaving a resumable checkpoint."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
-    lend_threads: bool = True
+    lend_threads: bool = False
     """A lone consumer trains a step with the threads of the producers parked on its node for
-    that whole step (every producer waiting for admission: only the consumer's next version
-    frees them), up to the node's cores, and gives them back before it advances. Off: each
-    worker keeps ``torch_threads``. Not used by data-parallel consumers."""
+    that whole step (admission has no room and no ticket is in flight: only the consumer's next
+    version gives them work), up to the node's cores, and gives them back before it advances.
+    Off: each worker keeps ``torch_threads``. Not used by data-parallel consumers. Off by
+    default: on cores other jobs also use, more threads per worker can slow it down several
+    times (docs/performance.md)."""
 
     @model_validator(mode="before")
     @classmethod
