@@ -183,12 +183,18 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
         ratio_BT = torch.exp(log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
         pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, cfg)
         pg_BT, stats = _behaviour_weighted(pg_BT, inputs, cfg, valid_BT)
-    loss_BT, kl_BT = _with_penalties(pg_BT, logprobs_BT, inputs, cfg, valid_BT)
-    loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
-    metrics = _ppo_metrics(
-        inputs, cfg, valid_BT, ratio_BT, advantages_BT, dual_active_BT, pg_BT, kl_BT, stats
+    return _penalised_loss(
+        inputs,
+        cfg,
+        norm,
+        valid_BT,
+        logprobs_BT,
+        ratio_BT,
+        advantages_BT,
+        dual_active_BT,
+        pg_BT,
+        stats,
     )
-    return LossOutputs(loss=loss, metrics=metrics)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -215,6 +221,34 @@ def gspo(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutputs:
     no_dual = replace(cfg, dual_clip_c=None)
     pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, no_dual)
     pg_BT, stats = _behaviour_weighted(pg_BT, inputs, cfg, valid_BT)
+    return _penalised_loss(
+        inputs,
+        cfg,
+        norm,
+        valid_BT,
+        logprobs_BT,
+        ratio_BT,
+        advantages_BT,
+        dual_active_BT,
+        pg_BT,
+        stats,
+    )
+
+
+def _penalised_loss(
+    inputs: LossInputs,
+    cfg: LossConfig,
+    norm: Normalisers,
+    valid_BT: torch.Tensor,
+    logprobs_BT: torch.Tensor,
+    ratio_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    dual_active_BT: torch.Tensor,
+    pg_BT: torch.Tensor,
+    stats: WeightStats | None,
+) -> LossOutputs:
+    """The clipped surrogate ``pg_BT`` with the KL and entropy terms, aggregated, and the
+    PPO-family metrics (shared by ``ppo_clip`` and ``gspo``)."""
     loss_BT, kl_BT = _with_penalties(pg_BT, logprobs_BT, inputs, cfg, valid_BT)
     loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
     metrics = _ppo_metrics(
