@@ -14,6 +14,7 @@ from zbrl.assembly.settings import weight_sync_backend
 from zbrl.config import RunConfig
 from zbrl.config.transport import BroadcastSync
 from zbrl.errors import RunError
+from zbrl.transport.weight_sync.broadcast import check_bindable
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -68,15 +69,10 @@ def check_broadcast_address(cfg: RunConfig) -> None:
             "the IP address of the consumers' node, or unset it to use the node's Ray address"
         ) from None
     if cfg.launch.ray_address is None:  # a local run: the address must be one of this machine's
-        ip = infos[0][4][0]
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.bind((ip, 0))
-        except OSError as exc:
-            raise RunError(
-                f"transport.weight_sync.address={sync.address!r} ({ip}) is not an address of "
-                f"this machine ({exc}); unset it (a local run uses 127.0.0.1)"
-            ) from None
+            check_bindable(infos[0][4][0])
+        except ValueError as exc:
+            raise RunError(f"{exc} (a local run uses 127.0.0.1)") from None
 
 
 def check_nccl_gpus(cfg: RunConfig) -> None:
