@@ -42,7 +42,7 @@ from zbrl.planning.compare import (
     render_table,
 )
 from zbrl.planning.rates import RunRates
-from zbrl.planning.simulate import Shape
+from zbrl.planning.simulate import Shape, measured_shape
 
 REPO = Path(__file__).resolve().parents[1]
 CPUS_PER_WORKER = 0.5
@@ -96,19 +96,11 @@ def _rates_and_shape(
     base: Path, producers: int, consumers: int, args: argparse.Namespace, dp_efficiency: float
 ) -> tuple[RunRates, Shape]:
     rates = read_rates(base, args.cores)
-    shape = Shape(
+    shape = measured_shape(
+        rates,
         producers=producers,
         consumers=consumers,
-        max_staleness=rates.max_staleness,
-        train_batch_size=rates.train_batch_size,
-        group_size=rates.group_size,
-        inference_batch_size=rates.inference_batch_size,
-        inference_microbatch_size=rates.inference_microbatch_size,
-        buffer_capacity=rates.buffer_capacity,
-        gen_scale=1.0,
-        train_scale=1.0,
         cores=args.cores,
-        background_load=rates.background_load or 0.0,
         dp_efficiency=dp_efficiency,
         steps=args.sim_steps,
         seed=0,

@@ -12,7 +12,7 @@ from zbrl.config import load_config
 from zbrl.launch.driver import run_training
 from zbrl.planning import read_rates, simulate
 from zbrl.planning.compare import Comparison, measured_figures, predicted_figures, render_table
-from zbrl.planning.simulate import Shape
+from zbrl.planning.simulate import measured_shape
 
 pytestmark = pytest.mark.integration
 
@@ -54,22 +54,8 @@ def test_a_plan_from_a_real_1x1_run_predicts_a_real_2x1_run(tmp_path, cache):
     base, target = tmp_path / "1x1", tmp_path / "2x1"
     run(base, cache, producers=1)
     rates = read_rates(base, CORES)  # the machine's cores, shared: CPU times and background
-    shape = Shape(
-        producers=2,
-        consumers=1,
-        max_staleness=rates.max_staleness,
-        train_batch_size=rates.train_batch_size,
-        group_size=rates.group_size,
-        inference_batch_size=rates.inference_batch_size,
-        inference_microbatch_size=rates.inference_microbatch_size,
-        buffer_capacity=rates.buffer_capacity,
-        gen_scale=1.0,
-        train_scale=1.0,
-        cores=CORES,
-        background_load=rates.background_load or 0.0,
-        dp_efficiency=0.9,
-        steps=200,
-        seed=0,
+    shape = measured_shape(
+        rates, producers=2, consumers=1, cores=CORES, dp_efficiency=0.9, steps=200, seed=0
     )
     prediction = simulate(rates, shape)
     run(target, cache, producers=2)

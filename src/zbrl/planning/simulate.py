@@ -77,6 +77,37 @@ class Shape:
     with this seed (None: every batch and step takes the median time)."""
 
 
+def measured_shape(
+    rates: RunRates,
+    *,
+    producers: int,
+    consumers: int,
+    cores: int | None,
+    dp_efficiency: float,
+    steps: int,
+    seed: int | None,
+) -> Shape:
+    """The measured run's own settings and background load (scales 1) with ``producers`` ×
+    ``consumers``: the shape to compare a real run of that shape with."""
+    return Shape(
+        producers=producers,
+        consumers=consumers,
+        max_staleness=rates.max_staleness,
+        train_batch_size=rates.train_batch_size,
+        group_size=rates.group_size,
+        inference_batch_size=rates.inference_batch_size,
+        inference_microbatch_size=rates.inference_microbatch_size,
+        buffer_capacity=rates.buffer_capacity,
+        gen_scale=1.0,
+        train_scale=1.0,
+        cores=cores,
+        background_load=rates.background_load or 0.0,
+        dp_efficiency=dp_efficiency,
+        steps=steps,
+        seed=seed,
+    )
+
+
 @dataclass
 class Prediction:
     """The simulated run's steady-state figures."""
