@@ -49,6 +49,7 @@ class RunMonitor:
         self.sink = _build_sinks(cfg, run_dir)
         self.recent: deque[Span] = deque()
         """Spans that ended within ``LIVE_WINDOW_S`` of the newest one."""
+        self._newest_end = -math.inf
         self.step_metrics: dict[int, dict[str, float]] = {}
         self.eval_results: dict[int, dict[str, dict[str, float]]] = {}
         self.latest_step = start_step
@@ -108,8 +109,8 @@ class RunMonitor:
 
     def _keep_recent(self, spans: list[Span]) -> None:
         self.recent.extend(spans)
-        newest = max(s.end for s in self.recent)
-        while self.recent and self.recent[0].end < newest - LIVE_WINDOW_S:
+        self._newest_end = max([self._newest_end, *(s.end for s in spans)])
+        while self.recent and self.recent[0].end < self._newest_end - LIVE_WINDOW_S:
             self.recent.popleft()
 
     def close(self) -> None:
@@ -132,7 +133,7 @@ class RunMonitor:
             return
         self._idle_refreshed_at = now
         if self.recent and self.window_start is not None:
-            end = max(s.end for s in self.recent)
+            end = self._newest_end
             start = max(self.window_start, end - LIVE_WINDOW_S)
             if end > start:
                 for role, frac in _idle_by_role(self.recent, start, end).items():
