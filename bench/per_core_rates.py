@@ -4,8 +4,10 @@ The demo's model (warm-started embedded model) and prompts: ``--prompts`` prompt
 up to the recipe's ``max_new_tokens``. Generation: plain ``model.generate`` (sampling, raw logits
 kept) against zbrl's transformers backend (the same call plus each sampled token's log-prob and
 the response cut at EOS). Training: one plain forward/backward/AdamW step on the right-padded
-batch against zbrl's train step (GRPO loss, the recipe's settings) with fixed micro-batches and
-with length-sorted micro-batches under a token budget (``training.train_microbatch_tokens``).
+batch against zbrl's train step (GRPO loss, the recipe's settings) on full rows with fixed
+micro-batches, on full rows with length-sorted micro-batches under a token budget
+(``training.train_microbatch_tokens``), and with each group's prompt run once
+(``training.share_prompts``, the default).
 The rows trained are the completions generated (real lengths). Variants alternate within each
 repeat; medians of ``--repeats``. Rates count real tokens (prompt + response, no padding) per
 second per torch thread.
@@ -63,13 +65,17 @@ def main() -> None:
 
     rows = len(groups) * params.n
     budgets = args.budget or [rows * 48 // 4, rows * 48 // 2]
-    trainers = {"zbrl, fixed micro-batches": build_trainer(cfg, art.model_dir, tokenizer, 1000)}
+
+    def trainer(*overrides: str):
+        tuned = load_config(args.recipe, ["training.device=cpu", *overrides])
+        return build_trainer(tuned, art.model_dir, tokenizer, 1000)
+
+    trainers = {"zbrl, fixed micro-batches": trainer("training.share_prompts=false")}
     for b in budgets:
-        tuned = load_config(
-            args.recipe,
-            ["training.device=cpu", f"training.train_microbatch_tokens={b}"],
+        trainers[f"zbrl, token budget {b}"] = trainer(
+            "training.share_prompts=false", f"training.train_microbatch_tokens={b}"
         )
-        trainers[f"zbrl, token budget {b}"] = build_trainer(tuned, art.model_dir, tokenizer, 1000)
+    trainers["zbrl, shared prompts"] = trainer("training.share_prompts=true")
     plain = _PlainStep(art.model_dir, groups, tokenizer.pad_token_id or 0, cfg.algorithm.lr)
     model = backend.model
 

@@ -41,9 +41,12 @@ def consumer_settings(run_dir: str, *overrides: str, **fields: Any):
 
 
 def step_settings(*overrides: str, pad_id: int = 0, **fields: Any):
-    """``microbatch_size`` / ``microbatch_tokens`` stand for the fields of ``micro``."""
-    if "microbatch_size" in fields or "microbatch_tokens" in fields:
+    """``microbatch_size`` / ``microbatch_tokens`` / ``share_prompts`` stand for the fields of
+    ``micro``."""
+    if {"microbatch_size", "microbatch_tokens", "share_prompts"} & fields.keys():
         fields["micro"] = MicroBatching(
-            fields.pop("microbatch_size", 8), fields.pop("microbatch_tokens", None)
+            fields.pop("microbatch_size", 8),
+            fields.pop("microbatch_tokens", None),
+            fields.pop("share_prompts", False),
         )
     return replace(settings.step_settings(run_config(*overrides), pad_id), **fields)

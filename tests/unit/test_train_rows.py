@@ -147,12 +147,12 @@ def test_collate_untrained_row_has_no_mask_but_keeps_tokens():
 
 def test_split_pads_each_micro_batch_to_its_own_max():
     rows = [row([1], [2]), row([1], [2, 3]), row([1], [2, 3, 4, 5, 6, 7, 8]), row([1], [2])]
-    parts = split(rows, MicroBatching(2, None))
+    parts = split(rows, MicroBatching(2, None, False))
     assert [len(p) for p in parts] == [2, 2]
     widths = [collate(p, PAD).input_ids_BT.shape[1] for p in parts]
     assert widths == [3, 8]
-    assert [len(p) for p in split(rows, MicroBatching(3, None))] == [3, 1]
-    assert split(rows, MicroBatching(3, None))[1][0] is rows[3]
+    assert [len(p) for p in split(rows, MicroBatching(3, None, False))] == [3, 1]
+    assert split(rows, MicroBatching(3, None, False))[1][0] is rows[3]
 
 
 def test_collate_with_built_rows_and_temperatures():
@@ -173,20 +173,29 @@ def padded_tokens(lengths, plan):
 
 
 def test_fixed_size_keeps_ticket_order():
-    assert plan_micro_batches([5, 1, 9, 2, 7], MicroBatching(2, None)) == [[0, 1], [2, 3], [4]]
+    assert plan_micro_batches([5, 1, 9, 2, 7], MicroBatching(2, None, False)) == [
+        [0, 1],
+        [2, 3],
+        [4],
+    ]
 
 
 def test_token_budget_groups_longest_first_against_hand_worked_plan():
     lengths = [13, 4, 8, 5, 10, 4, 5]
     # sorted: 13 (0), 10 (4), 8 (2), 5 (3), 5 (6), 4 (1), 4 (5); budget 20:
     # [13] (26 > 20 with a second row), [10, 8] (3 rows would be 30), [5, 5, 4, 4] (20)
-    plan = plan_micro_batches(lengths, MicroBatching(8, 20))
+    plan = plan_micro_batches(lengths, MicroBatching(8, 20, False))
     assert plan == [[0], [4, 2], [3, 6, 1, 5]]
     assert padded_tokens(lengths, plan) == 13 + 20 + 20
     # the row limit still holds under the budget
-    assert plan_micro_batches(lengths, MicroBatching(2, 100)) == [[0, 4], [2, 3], [6, 1], [5]]
+    assert plan_micro_batches(lengths, MicroBatching(2, 100, False)) == [
+        [0, 4],
+        [2, 3],
+        [6, 1],
+        [5],
+    ]
     # a row longer than the budget goes alone
-    assert plan_micro_batches([50, 3, 3], MicroBatching(8, 10)) == [[0], [1, 2]]
+    assert plan_micro_batches([50, 3, 3], MicroBatching(8, 10, False)) == [[0], [1, 2]]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -194,12 +203,12 @@ def test_token_budget_plans_cover_every_row_once_within_budget(seed):
     rng = random.Random(seed)
     lengths = [rng.randint(2, 48) for _ in range(rng.randint(1, 70))]
     size, budget = rng.randint(1, 64), rng.randint(16, 2000)
-    plan = plan_micro_batches(lengths, MicroBatching(size, budget))
+    plan = plan_micro_batches(lengths, MicroBatching(size, budget, False))
     assert sorted(i for mb in plan for i in mb) == list(range(len(lengths)))
     for mb in plan:
         assert len(mb) <= size
         assert len(mb) == 1 or len(mb) * max(lengths[i] for i in mb) <= budget
     # sorting never pads more than the fixed plan with the same row count per pass
-    fixed = plan_micro_batches(lengths, MicroBatching(size, None))
+    fixed = plan_micro_batches(lengths, MicroBatching(size, None, False))
     if all(len(mb) * max(lengths[i] for i in mb) <= budget for mb in fixed):
         assert len(plan) <= len(fixed) + 1

@@ -96,14 +96,13 @@ def test_decoupled_with_behaviour_equal_proximal_is_plain_ppo(tiny_model_dir):
     batch = groups()
     probe = trainers[0]
     rows = build_rows(batch, torch.zeros(2, 4), filter_truncated=False, loss_filter_range=None)
-    from zbrl.training.rows import MicroBatching
     from zbrl.training.step_start import annotate_step_start
 
     annotate_step_start(
         probe.engine,
         rows,
         lambda lg, tg, tp: probe._logprobs(lg, tg, tp)[0],
-        batching=MicroBatching(4, None),
+        batching=probe.settings.micro,  # the trainers' own layout: bit-equal log-probs
         pad_id=0,
         proximal=True,
         reference=False,

@@ -217,3 +217,35 @@ def test_sampled_pad_token_does_not_cut_the_response(backend):
     ((c,),) = backend.generate([prompt], greedy(max_new_tokens=4))
     assert c.token_ids.tolist() == [pad] * 4
     assert c.finish_reason == "length"
+
+
+def test_shared_prefill_samples_what_num_return_sequences_samples(backend, tiny_model_dir):
+    """Prefilling each prompt once and repeating its cache draws the same tokens, with the same
+    log-probs, as ``generate(num_return_sequences=n)`` over left-padded prompts of different
+    lengths (same seed: the same random draws)."""
+    params = sampling_params(n=5, temperature=0.9, max_new_tokens=10)
+    torch.manual_seed(7)
+    ours = backend.generate(PROMPTS, params)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    input_ids, attention = backend._left_pad(PROMPTS)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        plain = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=10,
+            num_return_sequences=5,
+            do_sample=True,
+            temperature=0.9,
+            top_p=1.0,
+            top_k=0,
+            pad_token_id=backend.pad_id,
+            eos_token_id=sorted(backend.eos_ids),
+        )
+    width = input_ids.shape[1]
+    for i, group in enumerate(ours):
+        for j, c in enumerate(group):
+            expected = plain[i * 5 + j, width:][: c.token_ids.numel()]
+            assert c.token_ids.tolist() == expected.tolist()
+            want = reference_logprobs(model, PROMPTS[i], c.token_ids, 0.9)
+            torch.testing.assert_close(c.logprobs, want, rtol=1e-4, atol=1e-4)

@@ -144,6 +144,7 @@ def critic_settings(cfg: RunConfig) -> CriticSettings | None:
 
 def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
     a = cfg.algorithm
+    critic = critic_settings(cfg)
     return StepSettings(
         advantage=a.advantage.type,
         advantage_kwargs=advantage_options(cfg),
@@ -151,7 +152,10 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         loss=loss_config(cfg),
         minibatch_groups=cfg.minibatch_size,
         micro=MicroBatching(
-            size=cfg.training.train_microbatch_size, tokens=cfg.training.train_microbatch_tokens
+            size=cfg.training.train_microbatch_size,
+            tokens=cfg.training.train_microbatch_tokens,
+            # the critic's value model takes full rows (documented on the field)
+            share_prompts=cfg.training.share_prompts and critic is None,
         ),
         filter_truncated=a.filter_truncated_response,
         loss_filter_range=None if a.dynamic_batching else a.filter_range,
@@ -161,7 +165,7 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         pad_id=pad_id,
         ppo_epochs=a.ppo_epochs,
         proximal=a.proximal,
-        critic=critic_settings(cfg),
+        critic=critic,
     )
 
 

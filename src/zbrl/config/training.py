@@ -64,6 +64,12 @@ class TrainingConfig(Section):
     optimizer step's rows are sorted by length and grouped longest first, up to this budget and
     at most ``train_microbatch_size`` rows, so short sequences are not padded to long ones (the
     gradient is the same sum). None: ``train_microbatch_size`` rows at a time in ticket order."""
+    share_prompts: bool = True
+    """Run each micro-batch's unique prompts through the model once and the G responses of each
+    on top of its cached keys and values (the gradient flows through the cache), instead of G
+    full prompt + response rows: the same log-probs and gradients, with the prompt's work done
+    once per group (docs/performance.md). With ``algorithm.critic`` set every pass takes full
+    rows (the value model does not take a cache)."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps; None runs until the data ends."""
     logprob_chunk_size: int = Field(default=1024, ge=1)

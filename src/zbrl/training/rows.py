@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.training.model_inputs import ModelInputs, SharedPrompts
 from zbrl.types import RolloutGroup
 
 
@@ -33,7 +34,9 @@ class Row:
 
 @dataclass
 class MicroBatch:
-    """Right-padded tensors of a few rows; logits[:, t] predict ``targets_BT[:, t]``."""
+    """Right-padded tensors of a few rows, in one of the two layouts of
+    :mod:`zbrl.training.model_inputs`; every ``_BT`` tensor but the inputs is aligned with
+    ``targets_BT``."""
 
     input_ids_BT: torch.Tensor
     attention_BT: torch.Tensor
@@ -48,6 +51,11 @@ class MicroBatch:
     old_values_BT: torch.Tensor | None = None
     returns_BT: torch.Tensor | None = None
     advantages_BT: torch.Tensor | None = None
+    prompts: SharedPrompts | None = None
+    """Set in the shared-prompt layout: ``input_ids_BT`` are then the responses alone."""
+
+    def model_inputs(self) -> ModelInputs:
+        return ModelInputs(self.input_ids_BT, self.attention_BT, self.prompts)
 
 
 def build_rows(
@@ -83,47 +91,87 @@ def build_rows(
     return rows
 
 
-def collate(rows: list[Row], pad_id: int) -> MicroBatch:
-    """Right-pad ``rows`` to their own longest sequence."""
-    lengths = [row_length(r) for r in rows]
-    width = max(lengths)
-    n = len(rows)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width - 1), dtype=torch.bool)
-    old = torch.zeros((n, width - 1), dtype=torch.float32)
+def collate(rows: list[Row], pad_id: int, *, share_prompts: bool = False) -> MicroBatch:
+    """Right-pad ``rows`` to their own longest sequence: full rows (prompt + response), or with
+    ``share_prompts`` the responses alone on top of the micro-batch's unique prompts (see
+    :mod:`zbrl.training.model_inputs`); the per-token tensors are aligned with the targets."""
+    if share_prompts:
+        input_ids, attention, prompts = _response_layout(rows, pad_id)
+        targets = input_ids
+    else:
+        (input_ids, attention), prompts = _full_layout(rows, pad_id), None
+        targets = input_ids[:, 1:]
+    mask = torch.zeros(targets.shape, dtype=torch.bool)
+    old = torch.zeros(targets.shape, dtype=torch.float32)
     for i, r in enumerate(rows):
-        p, resp = len(r.prompt_ids), r.response_ids
-        input_ids[i, :p] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        input_ids[i, p : p + resp.numel()] = resp
-        attention[i, : lengths[i]] = 1
-        span = response_span(r)
+        span = response_span(r, shared=share_prompts)
         mask[i, span] = r.trained
         old[i, span] = r.old_logprobs
     return MicroBatch(
         input_ids_BT=input_ids,
         attention_BT=attention,
-        targets_BT=input_ids[:, 1:],
+        targets_BT=targets,
         mask_BT=mask,
         old_logprobs_BT=old,
         advantages_B=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
         temperatures_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32),
         behind_B=torch.tensor([r.behind for r in rows], dtype=torch.long),
-        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape),
-        old_values_BT=_padded(rows, "old_values", old.shape),
-        returns_BT=_padded(rows, "returns", old.shape),
-        advantages_BT=_padded(rows, "token_advantages", old.shape),
+        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape, share_prompts),
+        old_values_BT=_padded(rows, "old_values", old.shape, share_prompts),
+        returns_BT=_padded(rows, "returns", old.shape, share_prompts),
+        advantages_BT=_padded(rows, "token_advantages", old.shape, share_prompts),
+        prompts=prompts,
     )
 
 
-def response_span(row: Row) -> slice:
-    """Where a row's response tokens sit in the targets (logits at position t predict token
-    t + 1, so the response occupies targets [p-1, p-1+L))."""
-    start = len(row.prompt_ids) - 1
+def _full_layout(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = [row_length(r) for r in rows]
+    input_ids = torch.full((len(rows), max(lengths)), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        p, resp = len(r.prompt_ids), r.response_ids
+        input_ids[i, :p] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        input_ids[i, p : p + resp.numel()] = resp
+    return input_ids, _right_mask(lengths, input_ids.shape[1])
+
+
+def _response_layout(
+    rows: list[Row], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, SharedPrompts]:
+    """Right-padded responses ``[B, R]`` (R ≥ 1), their attention, and the unique prompts
+    (left-padded) with each row's index into them."""
+    unique: dict[tuple[int, ...], int] = {}
+    index = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in rows]
+    width = max(len(p) for p in unique)
+    prompt_ids = torch.full((len(unique), width), pad_id, dtype=torch.long)
+    prompt_attention = torch.zeros((len(unique), width), dtype=torch.long)
+    for u, p in enumerate(unique):
+        prompt_ids[u, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_attention[u, width - len(p) :] = 1
+    lengths = [int(r.response_ids.numel()) for r in rows]
+    responses = torch.full((len(rows), max(1, *lengths)), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        responses[i, : lengths[i]] = r.response_ids
+    prompts = SharedPrompts(
+        prompt_ids_UP=prompt_ids,
+        prompt_attention_UP=prompt_attention,
+        prompt_index_B=torch.tensor(index, dtype=torch.long),
+    )
+    return responses, _right_mask(lengths, responses.shape[1]), prompts
+
+
+def _right_mask(lengths: list[int], width: int) -> torch.Tensor:
+    return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+def response_span(row: Row, *, shared: bool = False) -> slice:
+    """Where a row's response tokens sit in the targets: full rows predict token t + 1 at
+    position t, so the response occupies targets [p-1, p-1+L); with shared prompts the targets
+    are the response itself, [0, L)."""
+    start = 0 if shared else len(row.prompt_ids) - 1
     return slice(start, start + int(row.response_ids.numel()))
 
 
-def _padded(rows: list[Row], name: str, shape: torch.Size) -> torch.Tensor | None:
+def _padded(rows: list[Row], name: str, shape: torch.Size, shared: bool) -> torch.Tensor | None:
     """``[B, T]`` float32 of the per-token field ``name`` at each row's response span, or None
     when a row lacks it."""
     values = [getattr(r, name) for r in rows]
@@ -131,7 +179,7 @@ def _padded(rows: list[Row], name: str, shape: torch.Size) -> torch.Tensor | Non
         return None
     out = torch.zeros(shape, dtype=torch.float32)
     for i, (r, v) in enumerate(zip(rows, values, strict=True)):
-        out[i, response_span(r)] = v
+        out[i, response_span(r, shared=shared)] = v
     return out
 
 
@@ -143,6 +191,9 @@ class MicroBatching:
     """Rows per micro-batch at most."""
     tokens: int | None
     """Token budget (rows × padded length) per micro-batch; None: ``size`` rows in order."""
+    share_prompts: bool
+    """Run each micro-batch's unique prompts once, the responses on top of them (the
+    shared-prompt layout of :mod:`zbrl.training.model_inputs`); False: full rows."""
 
 
 def row_length(row: Row) -> int:

@@ -53,22 +53,25 @@ def annotate_step_start(
         return
     dev = engine.device
     for micro_rows in split(rows, batching):
-        mb = collate(micro_rows, pad_id)
-        ids, attention = mb.input_ids_BT.to(dev), mb.attention_BT.to(dev)
+        shared = batching.share_prompts
+        mb = collate(micro_rows, pad_id, share_prompts=shared)
+        inputs = mb.model_inputs().to(dev)
         targets = mb.targets_BT.to(dev)
         outputs: dict[str, torch.Tensor] = {}
         if proximal:
-            logits = engine.policy_logits(ids, attention)[:, :-1]
+            logits = engine.policy_logits(inputs)
             outputs["proximal_logprobs"] = logprob_fn(logits, targets, mb.temperatures_B)
         if reference:
-            logits = engine.reference_logits(ids, attention)[:, :-1]
+            logits = engine.reference_logits(inputs)
             outputs["ref_logprobs"] = logprob_fn(logits, targets, mb.temperatures_B)
         if values:
-            outputs["old_values"] = engine.critic_values(ids, attention)[:, :-1]
+            outputs["old_values"] = engine.critic_values(inputs.input_ids_BT, inputs.attention_BT)[
+                :, :-1
+            ]
         for name, tensor_BT in outputs.items():
             tensor_BT = tensor_BT.detach().float().cpu()
             for i, row in enumerate(micro_rows):
-                setattr(row, name, tensor_BT[i, response_span(row)].clone())
+                setattr(row, name, tensor_BT[i, response_span(row, shared=shared)].clone())
 
 
 def annotate_gae(rows: list[Row], settings: CriticSettings) -> dict[str, float]:

@@ -177,7 +177,7 @@ class Trainer:
         loss_sum = 0.0
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
-                mb = collate(micro_rows, s.pad_id)
+                mb = collate(micro_rows, s.pad_id, share_prompts=s.micro.share_prompts)
                 out = self._micro_step(mb, norm, steps_per_batch)
                 engine.backward(out.loss)
                 if s.critic is not None:
@@ -196,15 +196,15 @@ class Trainer:
     def _micro_step(self, mb: MicroBatch, norm: Normalisers, steps_per_batch: int) -> LossOutputs:
         s = self.settings
         dev = self.engine.device
-        input_ids, attention = mb.input_ids_BT.to(dev), mb.attention_BT.to(dev)
+        inputs = mb.model_inputs().to(dev)
         targets = mb.targets_BT.to(dev)
-        logits = self.engine.policy_logits(input_ids, attention)[:, :-1]
+        logits = self.engine.policy_logits(inputs)
         logp, entropy = self._logprobs(logits, targets, mb.temperatures_B)
         ref_logp = None
         if s.loss.beta > 0:
             with torch.no_grad():
-                ref_logits = self.engine.reference_logits(input_ids, attention)
-                ref_logp, _ = self._logprobs(ref_logits[:, :-1], targets, mb.temperatures_B)
+                ref_logits = self.engine.reference_logits(inputs)
+                ref_logp, _ = self._logprobs(ref_logits, targets, mb.temperatures_B)
         if s.loss.entropy_coef == 0 and entropy is not None:
             entropy = entropy.detach()
         old_logp = mb.old_logprobs_BT.to(dev)

@@ -7,11 +7,14 @@ from collections.abc import Mapping
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from zbrl.models.kv_cache import cache_argument, output_cache
 from zbrl.rollout.backends.base import Completion, SamplingParams
 
 
 class TransformersBackend:
     """Batched sampling with ``model.generate``; log-probs come from the raw logits of each step.
+    With several samples per prompt, each prompt is prefilled once and its cache shared by its
+    samples (:meth:`_prefill_once`).
 
     A sequence's response ends at its first EOS (included) or, when a stop string ended it, where
     ``generate`` started padding it; tokens after that are dropped, never padded into the rollout.
@@ -62,6 +65,8 @@ class TransformersBackend:
             )
         if params.stop_strings:
             kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+        if per_prompt > 1 and input_ids.shape[1] > 1:
+            input_ids, attention = self._prefill_once(input_ids, attention, per_prompt, kwargs)
         out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
         new_tokens_NL = out.sequences[:, input_ids.shape[1] :].cpu()
         logits_LNV = torch.stack(out.logits, dim=0) if out.logits else None
@@ -74,6 +79,26 @@ class TransformersBackend:
         if greedy:
             return [[_copy(c) for _ in range(params.n)] for c in completions]
         return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _prefill_once(
+        self, input_ids: torch.Tensor, attention: torch.Tensor, n: int, kwargs: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run each prompt but its last token through the model once and hand ``generate`` the
+        cache repeated for the ``n`` samples (instead of ``num_return_sequences=n``, which runs
+        every prompt n times): ``generate`` then starts at the last prompt token. The samples
+        are the same (same logits, same random draws); the prompt's work is done once."""
+        head, head_mask = input_ids[:, :-1], attention[:, :-1]
+        out = self.model(
+            input_ids=head,
+            attention_mask=head_mask,
+            position_ids=(head_mask.cumsum(1) - 1).clamp_min(0),  # as generate counts them
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = output_cache(out)
+        cache.batch_repeat_interleave(n)
+        kwargs.update(num_return_sequences=1, **{cache_argument(self.model): cache})
+        return input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         self.model.load_state_dict(dict(named_tensors), strict=True)

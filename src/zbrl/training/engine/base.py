@@ -13,7 +13,7 @@ One optimizer step, as the trainer drives it::
     engine.zero_grad()
     for i, micro in enumerate(micro_batches):
         with engine.microbatch(last=i == len(micro_batches) - 1):
-            logits_BTV = engine.policy_logits(micro.input_ids_BT, micro.attention_BT)
+            logits_BTV = engine.policy_logits(micro.model_inputs())  # aligned with targets
             loss = ...                                 # normalised by the global ``norm``
             engine.backward(loss)
     lr = engine.current_lr()
@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from zbrl.algorithms.aggregation import Normalisers
+from zbrl.training.model_inputs import ModelInputs
 
 
 class Engine(Protocol):
@@ -69,14 +70,14 @@ class Engine(Protocol):
         every rank must run the same number of micro-batches per step."""
         ...
 
-    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
-        """Policy logits ``[B, T, V]`` for right-padded inputs (on :attr:`device`), with grad."""
+    def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        """Policy logits ``[B, T, V]`` aligned with the micro-batch's targets (``inputs`` on
+        :attr:`device`; see :meth:`ModelInputs.logits`), with grad."""
         ...
 
-    def reference_logits(
-        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
-    ) -> torch.Tensor:
-        """Frozen reference logits ``[B, T, V]`` without grad; ValueError when there is none."""
+    def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        """Frozen reference logits aligned like :meth:`policy_logits`, without grad; ValueError
+        when there is none."""
         ...
 
     def critic_values(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import cpu_snapshot
+from zbrl.training.model_inputs import ModelInputs
 
 OptimizerFactory = Callable[
     [Iterable[torch.nn.Parameter]],
@@ -57,8 +58,8 @@ class DdpEngine(RankedEngine):
     def microbatch(self, last: bool) -> AbstractContextManager[Any]:
         return nullcontext() if last else self.ddp.no_sync()
 
-    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
-        return self.ddp(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+    def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        return inputs.logits(self.ddp)
 
     def clip_and_step(self, max_norm: float) -> float:
         # the gradients are identical on every rank after the all-reduce: so is the norm

@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from zbrl.training.engine.ddp import OptimizerFactory
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import cpu_snapshot
+from zbrl.training.model_inputs import ModelInputs
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gather to full tensors on rank 0's CPU; other ranks get nothing."""
@@ -98,8 +99,8 @@ class Fsdp2Engine(RankedEngine):
     def microbatch(self, last: bool) -> AbstractContextManager[Any]:
         return nullcontext()  # every micro-batch reduce-scatters (see the module docstring)
 
-    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
-        return self.policy(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+    def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        return inputs.logits(self.policy)
 
     def clip_and_step(self, max_norm: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]

@@ -9,16 +9,16 @@ import torch
 
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.training import distributed
+from zbrl.training.model_inputs import ModelInputs
 
 
-def reference_logits(
-    reference: torch.nn.Module | None, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
-) -> torch.Tensor:
-    """Logits ``[B, T, V]`` of the frozen reference without grad; ValueError when there is none."""
+def reference_logits(reference: torch.nn.Module | None, inputs: ModelInputs) -> torch.Tensor:
+    """Logits of the frozen reference aligned with the targets, without grad; ValueError when
+    there is none."""
     if reference is None:
         raise ValueError("this engine has no reference model (algorithm.beta is 0)")
     with torch.no_grad():
-        return reference(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+        return inputs.logits(reference)
 
 
 class RankedEngine:
@@ -34,10 +34,8 @@ class RankedEngine:
     def has_reference(self) -> bool:
         return self.reference is not None
 
-    def reference_logits(
-        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
-    ) -> torch.Tensor:
-        return reference_logits(self.reference, input_ids_BT, attention_BT)
+    def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        return reference_logits(self.reference, inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss * self.world_size).backward()  # the reduction averages: scale back to the sum

@@ -10,6 +10,7 @@ import torch
 
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.training.engine.ranked import reference_logits
+from zbrl.training.model_inputs import ModelInputs
 
 
 class SingleProcessEngine:
@@ -78,13 +79,11 @@ class SingleProcessEngine:
     def microbatch(self, last: bool) -> AbstractContextManager[Any]:
         return nullcontext()
 
-    def policy_logits(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
-        return self.policy(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+    def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        return inputs.logits(self.policy)
 
-    def reference_logits(
-        self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor
-    ) -> torch.Tensor:
-        return reference_logits(self.reference, input_ids_BT, attention_BT)
+    def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        return reference_logits(self.reference, inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
