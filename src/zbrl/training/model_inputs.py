@@ -88,8 +88,9 @@ def _shared_prompt_logits(
     cache.batch_select_indices(index_B)  # indexing: the gradient reaches the prompt pass
     starts_B = attention_UP.sum(1)[index_B]
     width = response_ids_BR.shape[1]
-    # The whole response goes in, though its last token predicts nothing trained: every call
-    # makes both passes whatever the lengths, so data-parallel ranks make the same collectives.
+    # The whole response goes in, though its last token predicts nothing trained: the pass is
+    # never empty, so data-parallel ranks make the same forwards (and collectives) whatever
+    # their lengths.
     rest = model(
         input_ids=response_ids_BR,
         attention_mask=torch.cat([attention_UP[index_B], response_attention_BR], dim=1),
