@@ -77,6 +77,53 @@ def test_buffer_client_drives_the_buffer():
     ]
 
 
+class DeferredHandle(LocalHandle):
+    """``send`` runs nothing until the result is asked for (a remote call still on its way);
+    records when each call runs."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.ran = []
+
+    def call(self, method, *args, timeout=None):
+        self.ran.append(method.__name__)
+        return super().call(method, *args, timeout=timeout)
+
+    def send(self, method, *args):
+        handle = self
+
+        class Later:
+            def result(self, timeout=None):
+                handle.ran.append(method.__name__)
+                return LocalHandle.call(handle, method, *args)
+
+        return Later()
+
+
+def test_put_is_sent_without_waiting_and_settled_by_the_next_producer_call():
+    buffer = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1))
+    handle = DeferredHandle(buffer)
+    client = BufferClient(handle)
+    assert client.reserve(0, 1, 0).tickets == [0]
+    client.put([group(0)])
+    assert handle.ran == ["reserve"]  # the put is still on its way
+    assert client.reserve(0, 1, 0).tickets == [1]
+    assert handle.ran == ["reserve", "reserve", "put"]  # the reservation first, then the put
+    client.put([group(1)])
+    client.producer_finished(0)
+    assert handle.ran[-2:] == ["put", "producer_finished"]  # every put lands before
+    status, batch = client.take(2, 0)
+    assert status == "batch" and [g.uid for g in batch.groups] == ["u0", "u1"]
+
+
+def test_an_error_of_a_put_comes_out_of_the_next_producer_call():
+    buffer = RolloutBuffer(buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1))
+    client = BufferClient(DeferredHandle(buffer))
+    client.put([group(5)])  # ticket 5 was never granted
+    with pytest.raises(ValueError, match="unknown or used ticket 5"):
+        client.reserve(0, 1, 0)
+
+
 def test_weight_store_client_announces_and_fetches():
     client = WeightStoreClient(RecordingHandle(WeightStore()))
     assert client.latest() is None and client.latest_version() == -1

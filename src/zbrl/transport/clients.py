@@ -30,19 +30,35 @@ class BufferClient:
         self.handle = handle
         self.node = node
         self._advancing: Pending | None = None
+        self._putting: Pending | None = None
 
     # producers
     def reserve(self, producer: int, n: int, timeout: float | None) -> Reservation | None:
-        return self.handle.call(RolloutBuffer.reserve, producer, n, timeout, self.node)
+        """Sent while the previous :meth:`put` may still be on its way (the buffer's admission
+        does not depend on it); that put is settled when the reservation is back."""
+        reservation = self.handle.call(RolloutBuffer.reserve, producer, n, timeout, self.node)
+        self._settle_put()
+        return reservation
 
     def put(self, groups: list[RolloutGroup], producer_state: dict[str, Any] | None = None) -> None:
-        self.handle.call(RolloutBuffer.put, groups, producer_state)
+        """Sent without waiting (the producer generates on while the groups travel); an error
+        it raised comes out of the next producer call."""
+        self._settle_put()
+        self._putting = self.handle.send(RolloutBuffer.put, groups, producer_state)
 
     def release(self, tickets: list[int]) -> None:
+        self._settle_put()
         self.handle.call(RolloutBuffer.release, tickets)
 
     def producer_finished(self, producer: int) -> None:
+        """After every put of this producer has landed."""
+        self._settle_put()
         self.handle.call(RolloutBuffer.producer_finished, producer)
+
+    def _settle_put(self) -> None:
+        pending, self._putting = self._putting, None
+        if pending is not None:
+            pending.result()
 
     # consumers
     def take(
