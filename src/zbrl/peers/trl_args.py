@@ -128,15 +128,25 @@ def _unmatched(cfg: RunConfig, threads: int) -> list[str]:
         f"generation batching: zbrl generates {r.inference_batch_size} prompts per producer batch "
         f"in micro-batches of {r.inference_microbatch_size} prompts; TRL generates the whole step "
         "(train_batch_size prompts x num_generations) in one generate call",
-        f"old log-probs: zbrl recomputes them before the update (algorithm.proximal={a.proximal}); "
-        "TRL with num_iterations=1 uses the detached current log-probs (no extra forward pass)",
+        "old log-probs: zbrl's ratio is against the behaviour log-probs its producer recorded "
+        "while sampling (no extra pass: algorithm.correction is none); TRL with num_iterations=1 "
+        "uses the detached current log-probs",
         "staleness: zbrl async trains on rollouts up to transport.max_staleness versions old; "
         "TRL (and zbrl sync) train only on rollouts of the current weights",
         f"advantage eps: zbrl (r - mean) / (std + {a.advantage.eps:g}) "
         f"(std_unbiased={getattr(a.advantage, 'std_unbiased', None)}); TRL (r - mean) / "
         f"(std + {TRL_ADVANTAGE_EPS:g}) with torch's unbiased std",
-        "micro-batching: zbrl packs/pads per micro-batch of training.train_microbatch_size "
-        "samples (dynamic batching); TRL pads the step's completions to the longest one",
+        "micro-batching: zbrl pads per micro-batch of training.train_microbatch_size "
+        "samples; TRL pads the step's completions to the longest one",
+        "shared prompts: zbrl's generation prefills each prompt once for its G samples"
+        + (
+            " and its training runs each prompt once per group (training.share_prompts: the G "
+            "responses on the prompt's cached keys and values)"
+            if cfg.training.share_prompts
+            else ""
+        )
+        + ", with the same samples, log-probs and gradients; TRL runs every one of the G prompt "
+        "copies",
         "optimizer: both torch AdamW (eps 1e-8) with the same lr, betas, weight decay and "
         "grad-norm clip; TRL through transformers' Trainer (its LR scheduler object, its "
         "grad clipping)",
