@@ -146,5 +146,16 @@ def test_trainer_steps_match_between_layouts(tiny_model_dir):
 def test_a_critic_trains_on_full_rows():
     from role_settings import step_settings
 
+    from dataclasses import replace
+
+    from zbrl.training.train_step import Trainer
+
     assert step_settings().micro.share_prompts
-    assert not step_settings("algorithm.preset=ppo").micro.share_prompts
+    ppo = step_settings("algorithm.preset=ppo")
+    assert not ppo.micro.share_prompts
+
+    class EngineWithCritic:
+        has_reference = has_critic = True
+
+    with pytest.raises(ValueError, match="value model takes full rows"):
+        Trainer(EngineWithCritic(), replace(ppo, micro=replace(ppo.micro, share_prompts=True)))

@@ -52,8 +52,8 @@ def annotate_step_start(
     if not (proximal or reference or values):
         return
     dev = engine.device
+    shared = batching.share_prompts
     for micro_rows in split(rows, batching):
-        shared = batching.share_prompts
         mb = collate(micro_rows, pad_id, share_prompts=shared)
         inputs = mb.model_inputs().to(dev)
         targets = mb.targets_BT.to(dev)
@@ -65,9 +65,8 @@ def annotate_step_start(
             logits = engine.reference_logits(inputs)
             outputs["ref_logprobs"] = logprob_fn(logits, targets, mb.temperatures_B)
         if values:
-            outputs["old_values"] = engine.critic_values(inputs.input_ids_BT, inputs.attention_BT)[
-                :, :-1
-            ]
+            values_BT = engine.critic_values(inputs.input_ids_BT, inputs.attention_BT)
+            outputs["old_values"] = values_BT[:, :-1]
         for name, tensor_BT in outputs.items():
             tensor_BT = tensor_BT.detach().float().cpu()
             for i, row in enumerate(micro_rows):

@@ -72,6 +72,8 @@ class Trainer:
             raise ValueError("a KL folded into the reward needs a reference model")
         if settings.critic is not None and not engine.has_critic:
             raise ValueError("algorithm.critic needs an engine with a value model")
+        if settings.critic is not None and settings.micro.share_prompts:
+            raise ValueError("the critic's value model takes full rows: share_prompts must be off")
         if (settings.advantage == GAE) != (settings.critic is not None):
             raise ValueError("advantage 'gae' needs the critic settings, and only it uses them")
         self.engine = engine
