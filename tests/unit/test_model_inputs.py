@@ -144,9 +144,9 @@ def test_trainer_steps_match_between_layouts(tiny_model_dir):
 
 
 def test_a_critic_trains_on_full_rows():
-    from role_settings import step_settings
-
     from dataclasses import replace
+
+    from role_settings import step_settings
 
     from zbrl.training.train_step import Trainer
 
