@@ -1,8 +1,8 @@
-"""The key/value cache of a Hugging Face causal LM across transformers releases: the keyword that
-passes it in (``cache`` from 5.20, ``past_key_values`` before, e.g. in the range vLLM's CPU build
-needs) and the output field that carries it out. Used where zbrl runs a shared prompt once and
-continues several sequences from its cache (training's shared-prompt layout, generation's
-shared prefill)."""
+"""Running prompts once and continuing several sequences from their key/value cache (training's
+shared-prompt layout, generation's shared prefill): left-padded prompts and their positions, and
+the cache of a Hugging Face causal LM across transformers releases (the keyword that passes it in,
+``cache`` from 5.20 and ``past_key_values`` before, e.g. in the range vLLM's CPU build needs, and
+the output field that carries it out)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,21 @@ def output_cache(output: Any) -> Any:
     """The cache a forward with ``use_cache=True`` returned."""
     cache = getattr(output, "cache", None)
     return cache if cache is not None else output.past_key_values
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompts`` left-padded to the longest (int64 ids) and their attention mask (int64 0/1),
+    so that every prompt ends at the last position, where its continuation starts."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def left_padded_positions(attention: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows, counted from each row's first real token (as
+    ``generate`` counts them; padding positions are 0 and masked anyway)."""
+    return (attention.cumsum(1) - 1).clamp_min(0)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from zbrl.models.kv_cache import cache_argument, output_cache
+from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _shared_prompt_logits(
     first = model(
         input_ids=prompts.prompt_ids_UP,
         attention_mask=attention_UP,
-        position_ids=(attention_UP.cumsum(1) - 1).clamp_min(0),
+        position_ids=left_padded_positions(attention_UP),
         use_cache=True,
         logits_to_keep=1,  # only the last prompt position predicts a response token
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.models.kv_cache import left_pad
 from zbrl.training.model_inputs import ModelInputs, SharedPrompts
 from zbrl.types import RolloutGroup
 
@@ -141,12 +142,7 @@ def _response_layout(
     (left-padded) with each row's index into them."""
     unique: dict[tuple[int, ...], int] = {}
     index = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in rows]
-    width = max(len(p) for p in unique)
-    prompt_ids = torch.full((len(unique), width), pad_id, dtype=torch.long)
-    prompt_attention = torch.zeros((len(unique), width), dtype=torch.long)
-    for u, p in enumerate(unique):
-        prompt_ids[u, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        prompt_attention[u, width - len(p) :] = 1
+    prompt_ids, prompt_attention = left_pad([list(p) for p in unique], pad_id)
     lengths = [int(r.response_ids.numel()) for r in rows]
     responses = torch.full((len(rows), max(1, *lengths)), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from zbrl.models.kv_cache import cache_argument, output_cache
+from zbrl.models.kv_cache import cache_argument, left_pad, left_padded_positions, output_cache
 from zbrl.rollout.backends.base import Completion, SamplingParams
 
 
@@ -91,7 +91,7 @@ class TransformersBackend:
         out = self.model(
             input_ids=head,
             attention_mask=head_mask,
-            position_ids=(head_mask.cumsum(1) - 1).clamp_min(0),  # as generate counts them
+            position_ids=left_padded_positions(head_mask),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -108,12 +108,7 @@ class TransformersBackend:
             torch.cuda.empty_cache()
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
+        ids, mask = left_pad(prompts, self.pad_id)
         return ids.to(self.device), mask.to(self.device)
 
     @staticmethod
