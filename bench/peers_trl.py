@@ -116,7 +116,9 @@ def _threads(n: int):
 
 
 def run_zbrl(shared: Shared, args, staleness: int, out: Path) -> dict[str, Any]:
-    from zbrl.launch.driver import run_training
+    from zbrl.launch.driver import epochs_for_steps, run_training
+
+    num_prompts = len(shared.train_prompts)
 
     cfg = load_config(
         args.recipe,
@@ -130,6 +132,8 @@ def run_zbrl(shared: Shared, args, staleness: int, out: Path) -> dict[str, Any]:
             "logging.save_keep=0",
             "logging.save_final=true",
             "eval.sets={}",
+            # TRL runs --steps whatever the epochs; zbrl stops when its data.num_epochs run out
+            f"data.num_epochs={epochs_for_steps(shared.cfg, num_prompts, args.steps)}",
         ],
     )
     summary = run_training(cfg)

@@ -73,6 +73,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None) -> dict[str
     artifacts = prepare_artifacts(cfg)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts)
     total_steps = planned_steps(cfg, len(train_prompts))
+    if (notice := steps_notice(cfg, len(train_prompts))) is not None:
+        print(notice, flush=True)
     start, buffer_state = start_point(artifacts, resume)
     started_ray = init_ray(cfg)
     workers: Workers | None = None
@@ -148,10 +150,34 @@ def encode_datasets(
 
 
 def planned_steps(cfg: RunConfig, num_prompts: int) -> int:
-    from_data = math.ceil(num_prompts * cfg.data.num_epochs / cfg.training.train_batch_size)
-    if cfg.training.max_steps is None:
-        return max(1, from_data)
-    return max(1, min(cfg.training.max_steps, from_data))
+    """The steps the run makes: ``training.max_steps``, capped by what ``data.num_epochs`` of the
+    prompts give (every step takes ``train_batch_size`` of them)."""
+    return max(1, min(cfg.training.max_steps or math.inf, data_steps(cfg, num_prompts)))
+
+
+def data_steps(cfg: RunConfig, num_prompts: int) -> int:
+    return math.ceil(num_prompts * cfg.data.num_epochs / cfg.training.train_batch_size)
+
+
+def epochs_for_steps(cfg: RunConfig, num_prompts: int, steps: int) -> int:
+    """``data.num_epochs``, raised where needed so that the data gives ``steps`` steps."""
+    need = math.ceil(steps * cfg.training.train_batch_size / max(1, num_prompts))
+    return max(cfg.data.num_epochs, need)
+
+
+def steps_notice(cfg: RunConfig, num_prompts: int) -> str | None:
+    """A line saying that ``training.max_steps`` asks for more steps than the data gives (the run
+    then ends when the prompts run out), or None."""
+    wanted, given = cfg.training.max_steps, data_steps(cfg, num_prompts)
+    if wanted is None or wanted <= given:
+        return None
+    epochs = epochs_for_steps(cfg, num_prompts, wanted)
+    return (
+        f"[zbrl] training.max_steps={wanted} is more than the data gives: {num_prompts} prompts x "
+        f"data.num_epochs={cfg.data.num_epochs} / training.train_batch_size="
+        f"{cfg.training.train_batch_size} = {given} steps, where the run will end "
+        f"(data.num_epochs={epochs} gives {wanted})"
+    )
 
 
 def wait_until_ready(cfg: RunConfig, workers: Workers, timeout_s: float = 900.0) -> None:
