@@ -116,7 +116,8 @@ def _threads(n: int):
 
 
 def run_zbrl(shared: Shared, args, staleness: int, out: Path) -> dict[str, Any]:
-    from zbrl.launch.driver import epochs_for_steps, run_training
+    from zbrl.launch.driver import run_training
+    from zbrl.launch.steps import epochs_for_steps
 
     num_prompts = len(shared.train_prompts)
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from zbrl.config import load_config
-from zbrl.launch.driver import epochs_for_steps, planned_steps, steps_notice
+from zbrl.launch.steps import epochs_for_steps, planned_steps, steps_notice
 
 DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
