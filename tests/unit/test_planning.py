@@ -18,7 +18,7 @@ from zbrl.planning.compare import (
     median_comparison,
     render_table,
 )
-from zbrl.planning.contention import SpeedProfile, as_single_core, background_load
+from zbrl.planning.contention import SpeedProfile, as_single_core, background_load, fair_shares
 from zbrl.planning.rates import GenerationModel
 from zbrl.telemetry.spans import Span
 from zbrl.telemetry.timeline import TimelineWriter, read_timeline
@@ -524,3 +524,42 @@ def test_background_load_option_needs_a_measured_load_or_a_number(tmp_path, caps
     alone = json.loads(capsys.readouterr().out)
     assert loaded["background_load"] == 1.0 and alone["background_load"] == 0.0
     assert loaded["samples_per_s"] < alone["samples_per_s"]
+
+
+def test_fair_shares_give_everyone_its_threads_when_they_fit():
+    assert fair_shares([1, 2], cores=4, background=1.0) == [1.0, 2.0]
+    assert fair_shares([], cores=2, background=5.0) == []
+
+
+@pytest.mark.parametrize(
+    ("threads", "cores", "background", "gangs_as_one", "expected"),
+    [
+        ([1, 1, 1], 2, 0.0, True, [2 / 3] * 3),  # single threads: plain processor sharing
+        ([1, 1], 1, 2.0, True, [0.25, 0.25]),  # two background processes count as two threads
+        ([1, 2], 2, 0.0, True, [1.0, 1.0]),  # a producer and a 2-rank gang: one core each
+        ([1, 2], 2, 0.0, False, [2 / 3, 4 / 3]),  # the gang as two threads: 2/3 each
+        ([1, 4], 4, 0.0, True, [1.0, 3.0]),  # the producer's cap binds, the gang takes the rest
+        ([1, 1, 2], 2, 1.0, True, [0.5, 0.5, 0.5]),
+    ],
+)
+def test_fair_shares_against_hand_computed_water_levels(
+    threads, cores, background, gangs_as_one, expected
+):
+    shares = fair_shares(threads, cores, background, gangs_as_one=gangs_as_one)
+    assert shares == pytest.approx(expected, rel=1e-9)
+    assert sum(shares) + min(background, cores - sum(shares)) == pytest.approx(
+        min(cores, sum(threads) + background)
+    )
+
+
+def test_a_data_parallel_gang_competes_for_shared_cores_as_one_thread():
+    # two cores, a producer (1 s of work per batch) and two ranks (0.5 s of work each per step,
+    # efficiency 1), never waiting for each other: the gang advances on one core (a step takes
+    # 1 s), the producer keeps the other (a batch takes 1 s). Plain processor sharing would give
+    # each of the three threads 2/3 of a core: 1.5 s batches, and the producer the bottleneck.
+    rates = simple_rates(1.0, 1.0)
+    p = simulate(rates, shape(consumers=2, dp_efficiency=1.0, max_staleness=8, cores=2))
+    assert p.step_s == pytest.approx(0.5)
+    assert p.samples_per_s == pytest.approx(B * G / 1.0, rel=1e-6)
+    assert p.producer_idle_frac == pytest.approx(0.0, abs=1e-6)
+    assert p.consumer_idle_frac == pytest.approx(0.0, abs=1e-6)

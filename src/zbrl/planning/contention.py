@@ -112,3 +112,31 @@ def background_load(spans: list[Span], cores: int, names: frozenset[str]) -> flo
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def fair_shares(
+    threads: list[int], cores: float, background: float = 0.0, *, gangs_as_one: bool = True
+) -> list[float]:
+    """Cores each busy activity gets when they share ``cores`` with ``background`` other
+    runnable single-thread processes: ``threads[i]`` is activity ``i``'s threads (1 for a
+    producer, ``M`` for a step of ``M`` data-parallel ranks).
+
+    Fair sharing with caps (water-filling): every competitor gets ``w · λ`` cores, at most its
+    threads, with one ``λ`` that uses all the cores (or everyone gets its threads when they fit).
+    A single thread weighs 1. A gang of ranks in lockstep weighs 1 as well (``gangs_as_one``): a
+    rank that reaches the all-reduce before its partners sleeps and hands its core to the other
+    processes, so the gang only advances while all its ranks hold a core, and it competes like
+    one thread that needs ``M`` cores to run at full speed. Without ``gangs_as_one`` a gang
+    weighs ``M`` (plain processor sharing: every thread ``C / (D + E)``)."""
+    weights = [1.0 if gangs_as_one else float(t) for t in threads] + [background]
+    caps = [float(t) for t in threads] + [background]
+    if sum(caps) <= cores:
+        return [float(t) for t in threads]
+    lo, hi = 0.0, max(cores, 1.0) * 2
+    for _ in range(60):  # the cores given out grow with λ: bisect for the λ that gives all
+        mid = (lo + hi) / 2
+        if sum(min(w * mid, c) for w, c in zip(weights, caps)) < cores:
+            lo = mid
+        else:
+            hi = mid
+    return [min(w * hi, c) for w, c in zip(weights, caps)][: len(threads)]

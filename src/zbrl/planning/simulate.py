@@ -18,11 +18,14 @@ Model (see docs/planning.md):
   ``take_latency_s``, the buffer's work) → train one step → the step's
   bookkeeping (``step_overhead_s``) → ``advance_version``. The step's weights become available
   to producers ``weight_sync_s`` after the step ends;
-- **cores** (optional): processor sharing. Every busy producer needs one core, a busy consumer
-  step ``M`` cores (its ranks), the step's bookkeeping one; waiting needs none. While the demand
-  ``D`` (plus a background load ``E`` of other processes) exceeds the ``C`` cores, every busy
-  activity advances at ``C / (D + E)`` of its measured speed.
-  Without ``cores`` every worker has its own (e.g. one GPU each).
+- **cores** (optional): fair sharing (:func:`zbrl.planning.contention.fair_shares`). Every busy
+  producer is one thread, a busy consumer step ``M`` (its ranks), the step's bookkeeping and a
+  take one; waiting needs no core; a background load ``E`` of other processes is ``E`` threads.
+  While they do not fit on the ``C`` cores, each competitor gets an equal share, at most its
+  threads; the ``M`` lockstep ranks of a step compete as one (a rank at the all-reduce sleeps
+  and hands its core over) and advance at their share ÷ ``M``. With single threads this is plain
+  processor sharing, ``C / (D + E)`` each. Without ``cores`` every worker has its own (e.g. one
+  GPU each).
 
 Figures are taken in steady state: over the window from the end of the first tenth of the steps
 to the end of the last one.
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zbrl.planning.contention import fair_shares
 from zbrl.planning.rates import WARMUP_FRACTION, RunRates
 from zbrl.transport.buffer import BufferSettings, RolloutBuffer
 from zbrl.types import RolloutGroup
@@ -236,10 +240,10 @@ class _Simulation:
     def run(self) -> None:
         while self.version < self.shape.steps:
             self._kick()
-            speed = self._speed()
+            speeds = self._speeds()
             dt = math.inf
             if self.activities:
-                dt = min(a.work_s for a in self.activities) / speed
+                dt = min(a.work_s / v for a, v in zip(self.activities, speeds))
             if self.events:
                 dt = min(dt, self.events[0][0] - self.now)
             if math.isinf(dt):
@@ -250,8 +254,8 @@ class _Simulation:
             dt = max(0.0, dt)
             self.now += dt
             done = []
-            for a in self.activities:
-                a.work_s -= dt * speed
+            for a, v in zip(self.activities, speeds):
+                a.work_s -= dt * v
                 if a.work_s <= _EPS:
                     done.append(a)
             for a in done:
@@ -261,12 +265,13 @@ class _Simulation:
             while self.events and self.events[0][0] <= self.now + _EPS:
                 heapq.heappop(self.events)[2]()
 
-    def _speed(self) -> float:
-        cores = self.shape.cores
-        demand = sum(a.cores for a in self.activities) + self.shape.background_load
-        if cores is None or demand <= cores:
-            return 1.0
-        return cores / demand
+    def _speeds(self) -> list[float]:
+        """Each activity's speed (a fraction of its measured one) under the cores' sharing."""
+        if self.shape.cores is None:
+            return [1.0] * len(self.activities)
+        threads = [a.cores for a in self.activities]
+        shares = fair_shares(threads, self.shape.cores, self.shape.background_load)
+        return [share / t for share, t in zip(shares, threads)]
 
     def _at(self, t: float, fn: Callable[[], None]) -> None:
         self._seq += 1
