@@ -3,8 +3,10 @@
 On a CPU run every worker runs one torch thread; when more workers are busy than the machine has
 cores, each got only part of a core and its spans are longer than its work. With ``C`` cores and
 ``D(t)`` workers busy at time ``t`` (a non-idle span on their main track), a busy worker advances
-at ``min(1, C / D(t))``; a span's work is the integral of that over the span. This is the same
-processor-sharing model the simulation uses for ``--cores`` (see docs/planning.md), run backwards.
+at ``min(1, C / D(t))``; a span's work is the integral of that over the span. This is the
+simulation's sharing rule for ``--cores`` (:func:`fair_shares`, docs/planning.md) run backwards,
+with every worker counted as one thread: the ranks of a measured data-parallel run are not
+grouped into one competitor here, so their lockstep losses end up in the background load.
 
 Where the spans carry their CPU time (``cpu_s``, recorded by every busy span), that is the work
 itself, and comparing it with the wall time measures what the model above cannot see: the
