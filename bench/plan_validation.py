@@ -3,11 +3,11 @@ compare predicted with measured trained samples/s, idle shares and mean stalenes
 
 Each repeat runs the recipe as 1 producer x 1 consumer, plans 2x1, 1x2 and 2x2 (producers x
 consumers; two consumers train data-parallel with ``training.engine``, DDP by default) from that
-run with the machine's cores taken into account (``--run-cores``/``--cores`` of ``zbrl plan``,
-fair sharing, data-parallel ranks as one competitor), then runs each shape with the same
-settings. Every run has its own local Ray (loopback only). The 1x1 row is the run planning
-itself (a check of the model, not of a prediction). Figures are steady state (the first tenth of the steps left out, as the planner
-does); with ``--repeats`` every figure is the median over the repeats.
+run with the machine's cores taken into account (``--run-cores``/``--cores`` of ``zbrl plan``, fair
+sharing, data-parallel ranks as one competitor), then runs each shape with the same settings. Every
+run has its own local Ray (loopback only). The 1x1 row is the run planning itself (a check of the
+model, not of a prediction). Figures are steady state (the first tenth of the steps left out, as
+the planner does); with ``--repeats`` every figure is the median over the repeats.
 
     python bench/plan_validation.py                        # demo recipe, 50 steps, 1 repeat
     python bench/plan_validation.py --repeats 3 --json out.json --plot out.png
