@@ -187,6 +187,24 @@ def test_time_shared_spans_become_single_core_work():
     assert shortened[0].end == pytest.approx(1.5) and shortened[1].end == 1.0
 
 
+def test_data_parallel_ranks_share_measured_cores_as_one_gang():
+    # two cores, a producer and two lockstep ranks busy for 1 s: the ranks compete as one, so the
+    # producer had a whole core and each rank half of one (plain processor sharing: 2/3 each)
+    spans = [
+        _span("producer-0", "generate", 0.0, 1.0, prompts=8, cpu_s=1.0),
+        _span("consumer-0", "train_step", 0.0, 1.0, groups=4, cpu_s=0.5),
+        _span("consumer-1", "train_step", 0.0, 1.0, groups=4, cpu_s=0.5),
+    ]
+    profile = SpeedProfile(spans, cores=2)
+    assert [profile.work(s) for s in spans] == pytest.approx([1.0, 0.5, 0.5])
+    # so CPU times of 1.0 and 0.5 + 0.5 leave no room for other processes
+    names = frozenset({"generate", "train_step"})
+    assert background_load(spans, 2, names) == pytest.approx(0.0, abs=1e-6)
+    # a single consumer is an ordinary thread: three single workers on two cores, 2/3 each
+    single = [_span("producer-1", "generate", 0.0, 1.0, prompts=8), *spans[:2]]
+    assert [SpeedProfile(single, cores=2).work(s) for s in single] == pytest.approx([2 / 3] * 3)
+
+
 def test_background_load_is_what_turns_wall_time_into_the_cpu_time_recorded():
     # one worker alone on one core, its 2 s span used 0.5 s of CPU: 3 other processes ran
     lone = [_span("producer-0", "generate", 0.0, 2.0, prompts=8, cpu_s=0.5)]

@@ -4,9 +4,8 @@ On a CPU run every worker runs one torch thread; when more workers are busy than
 cores, each got only part of a core and its spans are longer than its work. With ``C`` cores and
 ``D(t)`` workers busy at time ``t`` (a non-idle span on their main track), a busy worker advances
 at ``min(1, C / D(t))``; a span's work is the integral of that over the span. This is the
-simulation's sharing rule for ``--cores`` (:func:`fair_shares`, docs/planning.md) run backwards,
-with every worker counted as one thread: the ranks of a measured data-parallel run are not
-grouped into one competitor here, so their lockstep losses end up in the background load.
+simulation's sharing rule for ``--cores`` (:func:`fair_shares`, docs/planning.md) run backwards:
+the busy consumers of a data-parallel run are one competitor, as they are in the simulation.
 
 Where the spans carry their CPU time (``cpu_s``, recorded by every busy span), that is the work
 itself, and comparing it with the wall time measures what the model above cannot see: the
@@ -24,45 +23,61 @@ from dataclasses import replace
 from zbrl.telemetry.idle import merge_intervals
 from zbrl.telemetry.spans import CPU_S, IDLE_SPANS, MAIN_THREAD, Span
 
+GANG_ROLE = "consumer"
+"""The role whose busy workers are data-parallel ranks in lockstep: one competitor for the cores
+(:func:`fair_shares`). With one consumer it is an ordinary single thread."""
+
 
 class SpeedProfile:
-    """``min(1, cores / (busy workers + background))`` over the run, piecewise constant."""
+    """Each busy worker's speed over the run, piecewise constant: :func:`fair_shares` of the cores
+    among the busy single-thread workers, the busy consumer ranks as one gang, and the
+    background load (with single-thread workers only: ``min(1, cores / (busy + background))``)."""
 
     def __init__(self, spans: list[Span], cores: int, background: float = 0.0) -> None:
         if cores < 1:
             raise ValueError(f"run cores must be >= 1, got {cores}")
         if background < 0:
             raise ValueError(f"background load must be >= 0, got {background}")
-        per_worker: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        per_worker: dict[tuple[str, bool], list[tuple[float, float]]] = defaultdict(list)
         for s in spans:
             if s.thread == MAIN_THREAD and s.name not in IDLE_SPANS:
-                per_worker[s.worker].append((s.start, s.end))
-        deltas: dict[float, int] = defaultdict(int)
-        for intervals in per_worker.values():
+                per_worker[(s.worker, s.role == GANG_ROLE)].append((s.start, s.end))
+        deltas: dict[float, list[int]] = defaultdict(lambda: [0, 0])  # singles, ranks
+        for (_, rank), intervals in per_worker.items():
             for a, b in merge_intervals(intervals):
-                deltas[a] += 1
-                deltas[b] -= 1
+                deltas[a][rank] += 1
+                deltas[b][rank] -= 1
         self.xs = sorted(deltas)
-        self.speeds: list[float] = []  # on [xs[i], xs[i+1])
-        self.cumulative = [0.0]  # integral of the speed from xs[0] to xs[i]
-        busy = 0
+        # per track (0: single-thread workers, 1: ranks): speed on [xs[i], xs[i+1]) and its
+        # integral from xs[0] to xs[i]
+        self.speeds: tuple[list[float], list[float]] = ([], [])
+        self.cumulative: tuple[list[float], list[float]] = ([0.0], [0.0])
+        singles = ranks = 0
         for i, x in enumerate(self.xs):
-            busy += deltas[x]
-            demand = busy + background
-            speed = 1.0 if demand <= cores else cores / demand
-            self.speeds.append(speed)
-            if i + 1 < len(self.xs):
-                self.cumulative.append(self.cumulative[-1] + speed * (self.xs[i + 1] - x))
+            singles += deltas[x][0]
+            ranks += deltas[x][1]
+            threads = [1] * singles + ([ranks] if ranks else [])
+            shares = fair_shares(threads, cores, background)
+            single = shares[0] if singles else 1.0
+            rank = shares[-1] / ranks if ranks else 1.0
+            for track, speed in enumerate((single, rank)):
+                self.speeds[track].append(speed)
+                if i + 1 < len(self.xs):
+                    gained = speed * (self.xs[i + 1] - x)
+                    self.cumulative[track].append(self.cumulative[track][-1] + gained)
 
-    def integral(self, t: float) -> float:
-        """Integral of the speed from the first breakpoint to ``t``."""
+    def integral(self, t: float, rank: bool = False) -> float:
+        """Integral from the first breakpoint to ``t`` of a single-thread worker's speed, or of a
+        consumer rank's (``rank``)."""
         if not self.xs or t <= self.xs[0]:
             return 0.0
         i = bisect.bisect_right(self.xs, t) - 1
-        return self.cumulative[i] + self.speeds[i] * (t - self.xs[i])
+        track = int(rank)
+        return self.cumulative[track][i] + self.speeds[track][i] * (t - self.xs[i])
 
     def work(self, span: Span) -> float:
-        return self.integral(span.end) - self.integral(span.start)
+        rank = span.role == GANG_ROLE
+        return self.integral(span.end, rank) - self.integral(span.start, rank)
 
 
 def as_single_core(
