@@ -226,8 +226,8 @@ def main() -> None:
         print(
             "\ndiagnostic: the same plans at the background load each run measured (separates "
             "the model's error from the load's drift between runs; for data-parallel shapes the "
-            "measured load also holds the ranks' lockstep losses, so those rows are not "
-            "predictions)"
+            "measured load also holds what data-parallel training adds (the split batch's "
+            "take, the all-reduce's communication), so those rows are not predictions)"
         )
         print(render_table(loaded_rows))
     measured_loads = [
