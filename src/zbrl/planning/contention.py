@@ -149,11 +149,14 @@ def fair_shares(
     caps = [float(t) for t in threads] + [background]
     if sum(caps) <= cores:
         return [float(t) for t in threads]
-    lo, hi = 0.0, max(cores, 1.0) * 2
-    for _ in range(60):  # the cores given out grow with λ: bisect for the λ that gives all
-        mid = (lo + hi) / 2
-        if sum(min(w * mid, c) for w, c in zip(weights, caps)) < cores:
-            lo = mid
+    # the water level λ: competitors whose cap is reached below it (smallest cap / weight first)
+    # keep their caps, the others share what is left in proportion to their weights
+    left_cores, left_weight = float(cores), sum(weights)
+    for w, c in sorted(zip(weights, caps), key=lambda wc: wc[1] / wc[0] if wc[0] else 0.0):
+        if w == 0 or c * left_weight <= left_cores * w:  # full at a level it fits under
+            left_cores -= c
+            left_weight -= w
         else:
-            hi = mid
-    return [min(w * hi, c) for w, c in zip(weights, caps)][: len(threads)]
+            break
+    level = left_cores / left_weight if left_weight > 0 else 0.0  # 0: every cap was reached
+    return [min(w * level, c) for w, c in zip(weights, caps)][: len(threads)]
