@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 
-from zbrl.config import load_config
-from zbrl.peers.curves import (
+from peerlib.curves import (
     CurvePoint,
     accuracy_at_budget,
     median_time,
@@ -48,8 +47,9 @@ from zbrl.peers.curves import (
     steps_per_second,
     time_to_accuracy,
 )
-from zbrl.peers.trl_args import grpo_config_kwargs
-from zbrl.peers.trl_reward import make_trl_reward
+from peerlib.trl_args import grpo_config_kwargs
+from peerlib.trl_reward import make_trl_reward
+from zbrl.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMS = ("trl", "zbrl-sync", "zbrl-async")
@@ -144,7 +144,7 @@ def run_zbrl(shared: Shared, args, staleness: int, out: Path) -> dict[str, Any]:
 
 def zbrl_timing(run_dir: Path, eval_every: int, cfg) -> dict[str, Any]:
     """Training-clock time of each checkpoint, and the time split, from the run's own spans."""
-    from zbrl.peers.zbrl_clock import checkpoint_times, save_overhead
+    from peerlib.zbrl_clock import checkpoint_times, save_overhead
     from zbrl.telemetry.metrics import read_metrics
     from zbrl.telemetry.spans import GENERATE, TRAIN_STEP
     from zbrl.telemetry.timeline import read_timeline

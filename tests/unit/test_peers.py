@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.assembly.rewards import build_reward_fn
-from zbrl.config import load_config
-from zbrl.data.synthetic import make_row, reference_completion
-from zbrl.peers.curves import (
+from peerlib.curves import (
     CurvePoint,
     accuracy_at_budget,
     median_time,
@@ -20,9 +17,12 @@ from zbrl.peers.curves import (
     steps_per_second,
     time_to_accuracy,
 )
-from zbrl.peers.trl_args import grpo_config_kwargs
-from zbrl.peers.trl_reward import make_trl_reward
-from zbrl.peers.zbrl_clock import checkpoint_times, clock_origin, save_overhead
+from peerlib.trl_args import grpo_config_kwargs
+from peerlib.trl_reward import make_trl_reward
+from peerlib.zbrl_clock import checkpoint_times, clock_origin, save_overhead
+from zbrl.assembly.rewards import build_reward_fn
+from zbrl.config import load_config
+from zbrl.data.synthetic import make_row, reference_completion
 from zbrl.telemetry.spans import GENERATE, STARTUP, TRAIN_STEP, WAIT_FOR_DATA, Span
 
 DEMO = str(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml")
