@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from zbrl.config.plugin import variant_tag
+from zbrl.config.plugin import is_import_path, variant_tag
 from zbrl.config.run import RunConfig
 
 
@@ -39,7 +39,13 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides (values parsed as YAML) to a copy of ``raw``."""
+    """Apply ``section.key=value`` overrides (values parsed as YAML) to a copy of ``raw``.
+
+    A plug-in section is tuned field by field: ``rollout.backend.max_model_len=512`` keeps the
+    recipe's backend (``backend: vllm`` becomes ``{type: vllm, max_model_len: 512}``), and on a
+    section the recipe does not set, the field's default variant applies (the plug-in unions'
+    validators fill in ``type``), so an option of another variant is refused by name.
+    """
     result = _deep_copy(raw)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -54,9 +60,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         parts = key.split(".")
         for part in parts[:-1]:
             child = node.get(part)
-            if not isinstance(child, dict):
+            if isinstance(child, str) and not is_import_path(child):
+                child = {"type": child}  # a plug-in's shorthand keeps its type when tuned
+            elif not isinstance(child, dict):
                 child = {}
-                node[part] = child
+            node[part] = child
             node = child
         node[parts[-1]] = value
     return result
@@ -101,12 +109,15 @@ def _describe(err: dict[str, Any]) -> str:
     msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "union_tag_invalid":
         msg = f"unknown type {err['ctx']['tag']!r}"
+    if err["type"] == "union_tag_not_found":
+        variants = ", ".join(_tagged_models(_field_at(path)))
+        return f"field '{loc}': no type; add {loc}.type=... (one of: {variants})"
     if err["type"] == "extra_forbidden":
         _, model = _walk(err["loc"][:-1])
         known = sorted(model.model_fields) if model is not None else []
         variant = _variant_note(model)
         hint = f"; known fields here{variant}: {', '.join(known)}" if known else ""
-        return f"field '{loc}': unknown field{hint}"
+        return f"field '{loc}': unknown field{hint}{_other_variant_hint(loc, path[-1])}"
     if not loc:
         return msg
     value = err.get("input")
@@ -158,6 +169,32 @@ def _walk(loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
         else:
             model = next(iter(variants.values()), None)
     return path, model
+
+
+def _field_at(path: list[str]) -> Any:
+    """The annotation of the field at a user-facing dotted ``path`` (None where the path passes
+    through a plug-in union, whose variant is not known here, or names no field)."""
+    model: type[BaseModel] | None = RunConfig
+    annotation: Any = None
+    for part in path:
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        variants = _tagged_models(annotation)
+        model = next(iter(variants.values())) if len(variants) == 1 else None
+    return annotation
+
+
+def _other_variant_hint(loc: str, field_name: str) -> str:
+    """``; it belongs to type vllm: add rollout.backend.type=vllm`` when ``field_name`` is an
+    option of another variant of the plug-in union at ``loc``."""
+    parent = loc.rpartition(".")[0]
+    variants = _tagged_models(_field_at(parent.split("."))) if parent else {}
+    owners = [tag for tag, model in variants.items() if field_name in model.model_fields]
+    if not owners:
+        return ""
+    return f"; it belongs to type {' or '.join(owners)}: add {parent}.type={owners[0]}"
 
 
 def _tagged_models(annotation: Any) -> dict[str, type[BaseModel]]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+from zbrl.config.plugin import as_plugin_dict, plugin_union
 
 
 class TemperatureSchedule(Section):
@@ -71,7 +72,7 @@ class VllmBackend(Section):
     """KV-cache size in GiB on CPU (vLLM's ``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
 
 
-Backend = Annotated[TransformersBackend | VllmBackend, Field(discriminator="type")]
+Backend = plugin_union(TransformersBackend, VllmBackend)
 
 
 class RolloutConfig(Section):
@@ -85,3 +86,8 @@ class RolloutConfig(Section):
     """Prompts per generate call (times G sequences)."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Sampling parameters."""
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_shorthand(cls, value: Any) -> Any:
+        return as_plugin_dict(value, TransformersBackend)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+from zbrl.config.plugin import as_plugin_dict, plugin_union
 
 
 class ObjectStoreSync(Section):
@@ -38,7 +39,7 @@ class BroadcastSync(Section):
     """Seconds a single bucket broadcast may take before the group is declared broken."""
 
 
-WeightSyncConfig = Annotated[ObjectStoreSync | BroadcastSync, Field(discriminator="type")]
+WeightSyncConfig = plugin_union(ObjectStoreSync, BroadcastSync)
 """How new weights reach the producers and the evaluator."""
 
 
@@ -52,3 +53,8 @@ class TransportConfig(Section):
     """Groups the buffer holds at most; None derives it from the staleness rule."""
     weight_sync: WeightSyncConfig = Field(default_factory=ObjectStoreSync)
     """How new weights reach the producers."""
+
+    @field_validator("weight_sync", mode="before")
+    @classmethod
+    def _weight_sync_shorthand(cls, value: Any) -> Any:
+        return as_plugin_dict(value, ObjectStoreSync)
