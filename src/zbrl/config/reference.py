@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from zbrl.config.plugin import variant_tag
 from zbrl.config.run import RunConfig
 
 
@@ -44,20 +45,46 @@ def _default(field: Any) -> str:
     return json.dumps(value, default=str)
 
 
-def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]]:
+def _is_list(annotation: Any) -> bool:
+    """``list[...]`` (possibly optional)."""
+    if typing.get_origin(annotation) is list:
+        return True
+    return any(typing.get_origin(arg) is list for arg in typing.get_args(annotation))
+
+
+def _is_optional(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _tag(model: type[BaseModel]) -> str:
+    return variant_tag(model) if "type" in model.model_fields else model.__name__
+
+
+def _rows(model: type[BaseModel], prefix: str, note: str = "") -> list[tuple[str, str, str, str]]:
+    """One row per field; a nested section's fields follow it (``a.b``), a list's element fields
+    as ``a[].b``, and a plug-in's variant fields as ``a.b`` marked with their ``type``."""
     rows = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         nested = _models_in(field.annotation)
-        doc = " ".join((field.description or "").split())
-        if nested and len(nested) == 1:
-            rows.append((path, nested[0].__name__, "(section)", doc))
+        doc = note + " ".join((field.description or "").split())
+        if nested and _is_list(field.annotation):
+            kinds = " or ".join(m.__name__ for m in nested)
+            rows.append((path, f"list of {kinds}", _default(field), doc))
+            for m in nested:
+                rows += _rows(m, path + "[].")
+        elif len(nested) == 1:
+            optional = _is_optional(field.annotation)
+            kind = nested[0].__name__ + (" or None (optional section)" if optional else "")
+            default = _default(field) if optional else "(section)"
+            rows.append((path, kind, default, doc))
             rows += _rows(nested[0], path + ".")
         elif nested:
-            kinds = ", ".join(m.__name__ for m in nested)
-            rows.append((path, f"one of {kinds} (by `type`)", _default(field), doc))
+            kinds = ", ".join(f"`{_tag(m)}`" for m in nested)
+            none = " or None" if _is_optional(field.annotation) else ""
+            rows.append((path, f"one of {kinds} (by `type`){none}", _default(field), doc))
             for m in nested:
-                rows += _rows(m, f"{path}[{m.__name__}].")
+                rows += _rows(m, path + ".", note=f"(type `{_tag(m)}`) ")
         else:
             rows.append((path, _type_name(field.annotation), _default(field), doc))
     return rows
@@ -69,8 +96,13 @@ def markdown_reference() -> str:
         "",
         "Generated from `zbrl.config` by `python -m zbrl.config.reference`; do not edit by hand.",
         "Every field can be set in a YAML recipe or overridden on the command line as",
-        "`section.field=value` (values parse as YAML). `zbrl validate RECIPE` prints the resolved",
-        "config. Presets (`algorithm.preset`) fill the fields they name unless you set them.",
+        "`section.field=value` (values parse as YAML). A plug-in section (one of several `type`s)",
+        "is tuned field by field too: a row marked (type `x`) applies when the section's `type`",
+        "is `x` (`rollout.backend.type=vllm rollout.backend.max_model_len=4096`); the recipe's",
+        "type is kept, else the first one listed is the default. A list of sections (`a[].b`) is",
+        "set whole, as a YAML list (`reward.extra=[{type: boxed, weight: 0.5}]`).",
+        "`zbrl validate RECIPE` prints the resolved config. Presets (`algorithm.preset`) fill the",
+        "fields they name unless you set them.",
         "",
         "| field | type | default | meaning |",
         "| --- | --- | --- | --- |",
