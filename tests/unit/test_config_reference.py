@@ -12,7 +12,7 @@ def _row(path: str) -> list[str]:
 
 
 def test_an_optional_section_defaults_to_null_not_to_a_section() -> None:
-    path, kind, default, _ = _row("rollout.generation.temperature_schedule")
+    _, kind, default, _ = _row("rollout.generation.temperature_schedule")
     assert kind == "TemperatureSchedule or None (optional section)"
     assert default == "`null`"
     assert _row("rollout.generation.temperature_schedule.final")[2] == "`required`"
