@@ -1,4 +1,4 @@
-"""Command line: ``zbrl train|resume|demo|eval|report|plan|validate``."""
+"""Command line: ``zbrl train|resume|demo|eval|report|plan|validate|models``."""
 
 from __future__ import annotations
 
@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     from zbrl.planning.command import add_plan_parser
 
     add_plan_parser(sub)
+    from zbrl.models.command import add_models_parser
+
+    add_models_parser(sub)
     return parser
 
 

@@ -1,7 +1,8 @@
 """What a run needs on disk before workers start: the model directory and the dataset files.
 
 The embedded default (DESIGN §4) is built here: the synthetic task's JSONL files and the
-warm-started tiny model, both cached under ``logging.cache_dir``.
+warm-started tiny model, both cached under ``logging.cache_dir``; any other ``model.path`` is
+resolved to a local directory here (:mod:`zbrl.models.sources`), so workers only see local paths.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from zbrl.assembly.model_source import user_model_dir, user_tokenizer_dir
 from zbrl.config import EMBEDDED, RunConfig
 
 
@@ -27,7 +29,7 @@ def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
     if uses_task:
         task_train, task_eval = _embedded_task(cfg, cache)
     model_dir = _model_dir(cfg, cache, verbose)
-    tokenizer_dir = Path(cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_dir
+    tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
     train = task_train if cfg.data.train_path == EMBEDDED else _existing(cfg.data.train_path)
     evals = {
         name: (task_eval if path == EMBEDDED else _existing(path))
@@ -48,8 +50,8 @@ def _embedded_task(cfg: RunConfig, cache: Path) -> tuple[Path, Path]:
 
 
 def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:
-    if cfg.model.path != EMBEDDED:
-        return _existing(cfg.model.path, what="model.path")
+    if cfg.model.path != EMBEDDED:  # a local directory, a GGUF file, a Hub id, a pulled name
+        return user_model_dir(cfg, verbose=verbose)
     from zbrl.models.warm_start import ensure_warm_start
 
     ws = cfg.model.warm_start

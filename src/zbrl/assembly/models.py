@@ -37,10 +37,18 @@ def load_policy(cfg: RunConfig, model_dir: Path):
 
 
 def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
+    """The tokenizer in ``tokenizer_dir`` with ``model.chat_template`` applied when set; a
+    RunError when it is left without a chat template."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
+    from zbrl.assembly.model_source import tokenizer_label
+    from zbrl.models.chat_template import apply_chat_template_setting
+
+    tokenizer = AutoTokenizer.from_pretrained(
         tokenizer_dir, trust_remote_code=cfg.model.trust_remote_code
+    )
+    return apply_chat_template_setting(
+        tokenizer, cfg.model.chat_template, model=tokenizer_label(cfg)
     )
 
 

@@ -30,9 +30,16 @@ class ModelConfig(Section):
     """The policy: a Hugging Face model directory, or the embedded tiny model."""
 
     path: str = EMBEDDED
-    """A local directory loadable with ``from_pretrained``, or ``embedded`` for the tiny model."""
+    """``embedded`` (the tiny model), a local Hugging Face model directory, a ``.gguf`` file
+    (dequantized once into ``logging.cache_dir``), a Hugging Face Hub id ``ORG/NAME`` (downloaded
+    into the hub's cache; offline, it must be there already) or the name of a model fetched with
+    ``zbrl models pull NAME`` (``smollm2-135m``). See docs/models.md."""
     tokenizer_path: str | None = None
-    """Tokenizer directory when it differs from ``path``; None uses ``path``."""
+    """The tokenizer's source when it differs from ``path``, in any of ``path``'s forms but
+    ``embedded``; None uses ``path``."""
+    chat_template: str | None = None
+    """A Jinja chat template replacing the tokenizer's own: the template text, or the path of a
+    ``.jinja`` file. None keeps the tokenizer's template; a tokenizer without one is refused."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype of the trained and the inference model."""
     gradient_checkpointing: bool = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
+from zbrl.assembly.model_source import check_model_source
 from zbrl.assembly.settings import weight_sync_backend
 from zbrl.config import RunConfig
 from zbrl.config.transport import BroadcastSync
@@ -23,6 +24,7 @@ def preflight(cfg: RunConfig) -> None:
     check_ray_address(cfg)
     check_broadcast_address(cfg)
     check_nccl_gpus(cfg)
+    check_model_source(cfg)  # model, tokenizer, chat template (a Hub id/GGUF is fetched here)
 
 
 def split_address(address: str) -> tuple[str, int] | None:
