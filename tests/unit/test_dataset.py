@@ -64,7 +64,7 @@ def test_to_example_is_the_reward_mapping_and_a_copy(tmp_path):
     path = write_lines(tmp_path, [GOOD_MATH])
     example = load_examples(path, answer_field="gt_answer").examples[0]
     mapping = example.to_example()
-    assert mapping == {"messages": [USER], "gt_answer": "5", "test_cases": None}
+    assert mapping == {"messages": [USER], "gt_answer": "5", "test_cases": None, "fields": {}}
     mapping["messages"][0]["content"] = "changed"
     assert example.messages[0]["content"] == USER["content"]
 

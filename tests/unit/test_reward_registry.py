@@ -122,7 +122,7 @@ def test_unknown_name_lists_known_names():
         build_reward("think_answer_tag")
     message = str(info.value)
     assert "unknown reward 'think_answer_tag'" in message
-    assert "boxed, code, think_answer_tags" in message
+    assert "boxed, code, last_number, reasoning_gym, think_answer_tags" in message
     assert "package.module:function" in message
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from zbrl.assembly.datasets import DatasetRef, dataset_refs, needs_embedded_task
 from zbrl.assembly.model_source import user_model_dir, user_tokenizer_dir
 from zbrl.config import EMBEDDED, RunConfig
 
@@ -18,23 +19,19 @@ from zbrl.config import EMBEDDED, RunConfig
 class Artifacts:
     model_dir: Path
     tokenizer_dir: Path
-    train_path: Path
-    eval_paths: dict[str, Path]
+    train_path: DatasetRef
+    eval_paths: dict[str, DatasetRef]
 
 
 def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
     cache = Path(cfg.logging.cache_dir)
     task_train = task_eval = None
-    uses_task = cfg.data.train_path == EMBEDDED or EMBEDDED in cfg.eval.sets.values()
+    uses_task = needs_embedded_task(cfg)
     if uses_task:
         task_train, task_eval = _embedded_task(cfg, cache)
     model_dir = _model_dir(cfg, cache, verbose)
     tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
-    train = task_train if cfg.data.train_path == EMBEDDED else _existing(cfg.data.train_path)
-    evals = {
-        name: (task_eval if path == EMBEDDED else _existing(path))
-        for name, path in cfg.eval.sets.items()
-    }
+    train, evals = dataset_refs(cfg, task_train, task_eval)
     return Artifacts(model_dir, tokenizer_dir, train, evals)
 
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from zbrl.config import CodeReward, ConfigError, LengthShapingOptions, RunConfig, UserReward
+from zbrl.config import (
+    CodeReward,
+    ConfigError,
+    LengthShapingOptions,
+    MathRewardOptions,
+    ReasoningGymReward,
+    ReasoningGymSource,
+    RunConfig,
+    UserReward,
+)
 from zbrl.rewards import CombinedReward, LengthShaping, build_reward, build_user_reward
 from zbrl.rewards.answers import ANSWER_SPECS, AnswerSpec
 from zbrl.rewards.base import RewardFunction
@@ -64,12 +73,17 @@ def _primary(cfg: RunConfig) -> RewardFunction:
         "length_shaping": shaping,
         "timeout_s": rw.timeout_s,
     }
-    if rw.format_tags is not None:
+    if isinstance(rw, MathRewardOptions) and rw.format_tags is not None:
         options["tags"] = tuple(rw.format_tags)
     return build_reward(rw.type, **options)
 
 
 def length_shaping(cfg: RunConfig) -> LengthShaping | None:
+    if isinstance(rw, ReasoningGymReward):
+        options["extract"] = rw.extract
+        source = cfg.data.source
+        if isinstance(source, ReasoningGymSource):  # score with the tasks' own configs
+            options["tasks"] = [t.model_dump() for t in source.tasks]
     rw = cfg.reward
     if not isinstance(rw, LengthShapingOptions) or not rw.soft_overlong_punishment:
         return None
@@ -95,6 +109,11 @@ def answer_spec(cfg: RunConfig) -> AnswerSpec:
 
 
 def default_system_prompt(cfg: RunConfig) -> str | None:
-    """The configured reward's own system prompt (None for a user reward)."""
+    """The configured reward's own system prompt (None for a user reward); for the
+    ``reasoning_gym`` reward, the prompt of its ``extract`` format."""
+    if isinstance(cfg.reward, ReasoningGymReward):
+        from zbrl.rewards.extraction import EXTRACTION_PROMPTS
+
+        return EXTRACTION_PROMPTS[cfg.reward.extract]
     cls = _reward_class(cfg)
     return cls.system_prompt if cls is not None else None

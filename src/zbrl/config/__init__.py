@@ -16,7 +16,16 @@ from zbrl.config.algorithm import (
     ReinforcePPAdvantage,
     RlooAdvantage,
 )
-from zbrl.config.data import DataConfig, SyntheticTaskConfig
+from zbrl.config.data import (
+    HELD_OUT,
+    ColumnMapping,
+    DataConfig,
+    DataSourceConfig,
+    HfSource,
+    ReasoningGymSource,
+    ReasoningGymTask,
+    SyntheticTaskConfig,
+)
 from zbrl.config.evaluation import EvalConfig
 from zbrl.config.launch import LaunchConfig
 from zbrl.config.loader import (
@@ -31,11 +40,14 @@ from zbrl.config.logging import LoggingConfig
 from zbrl.config.model import EMBEDDED, ModelConfig, WarmStartConfig
 from zbrl.config.presets import PRESETS
 from zbrl.config.rewards import (
+    AnswerScoreOptions,
     BoxedReward,
     CodeReward,
     ExtraReward,
+    LastNumberReward,
     LengthShapingOptions,
     MathRewardOptions,
+    ReasoningGymReward,
     RewardConfig,
     SandboxConfig,
     ThinkAnswerTagsReward,
@@ -48,14 +60,18 @@ from zbrl.config.transport import ObjectStoreSync, TransportConfig
 
 __all__ = [
     "EMBEDDED",
+    "HELD_OUT",
     "PRESETS",
     "AdvantageConfig",
     "AlgorithmConfig",
+    "AnswerScoreOptions",
     "BoxedReward",
     "CodeReward",
+    "ColumnMapping",
     "ConfigError",
     "CriticConfig",
     "DataConfig",
+    "DataSourceConfig",
     "DdpEngine",
     "DrGrpoAdvantage",
     "EvalConfig",
@@ -65,8 +81,10 @@ __all__ = [
     "GenerationConfig",
     "GrpoAdvantage",
     "GspoLoss",
+    "HfSource",
     "ImportAdvantage",
     "ImportPolicyLoss",
+    "LastNumberReward",
     "LaunchConfig",
     "LengthShapingOptions",
     "LoggingConfig",
@@ -76,6 +94,9 @@ __all__ = [
     "ObjectStoreSync",
     "PolicyLossConfig",
     "PpoClipLoss",
+    "ReasoningGymReward",
+    "ReasoningGymSource",
+    "ReasoningGymTask",
     "ReinforcePPAdvantage",
     "RewardConfig",
     "RlooAdvantage",

@@ -12,6 +12,7 @@ from zbrl.config.algorithm import (
     GspoLoss,
     ReinforcePPAdvantage,
 )
+from zbrl.config.data import check_eval_sources, check_reasoning_gym_reward
 from zbrl.config.rewards import LengthShapingOptions
 
 if TYPE_CHECKING:
@@ -288,4 +289,6 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_proximal,
     check_critic,
     check_step_start_pass,
+    check_eval_sources,
+    check_reasoning_gym_reward,
 )

@@ -54,18 +54,23 @@ class LengthShapingOptions(RewardBase):
     Must be <= -overlong_penalty so truncation never beats a response just under the limit."""
 
 
-class MathRewardOptions(LengthShapingOptions):
-    """Options shared by the math-answer rewards."""
+class AnswerScoreOptions(LengthShapingOptions):
+    """Options shared by the rewards that score one extracted answer."""
 
-    format_tags: list[str] | None = None
-    """Tags the format check requires; None uses the reward type's own."""
     correct_reward: float = 1.0
     """Reward of a correct answer with valid format."""
     wrong_reward: float = 0.0
     """Reward of a wrong or unformatted answer."""
     timeout_s: float = Field(default=5.0, gt=0)
-    """Deadline of one answer check (math_verify) in a killable worker; past it the answer
-    counts as wrong."""
+    """Deadline of one answer check (math_verify, or the task's scorer) in a killable worker;
+    past it the answer counts as wrong."""
+
+
+class MathRewardOptions(AnswerScoreOptions):
+    """Options shared by the tag-based math-answer rewards."""
+
+    format_tags: list[str] | None = None
+    """Tags the format check requires; None uses the reward type's own."""
 
 
 class ThinkAnswerTagsReward(MathRewardOptions):
@@ -86,6 +91,29 @@ class CodeReward(LengthShapingOptions):
     """The last ```` ```python ```` block run against ``test_cases`` in the local sandbox."""
 
     type: Literal["code"] = "code"
+class LastNumberReward(AnswerScoreOptions):
+    """The last number in the response compared with ``gt_answer`` (math_verify)."""
+
+    type: Literal["last_number"] = "last_number"
+    """Reward discriminator."""
+
+
+Extraction = Literal["full", "last_number", "answer_tags", "boxed"]
+"""How the answer is taken from a response (``zbrl.rewards.extraction``)."""
+
+
+class ReasoningGymReward(AnswerScoreOptions):
+    """A reasoning-gym problem scored by its task's own ``score_answer`` (needs
+    ``data.source.type: reasoning_gym``)."""
+
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    """Reward discriminator."""
+    extract: Extraction = "answer_tags"
+    """What of the response is the answer: ``full`` (the whole response, stripped),
+    ``last_number``, ``answer_tags`` (the last ``<answer>…</answer>``) or ``boxed`` (the last
+    ``\\boxed{}``). The default system prompt asks for that format."""
+
+
     """Reward discriminator."""
     correct_reward: float = Field(default=1.0, ge=0)
     """Reward when every test passes (with valid format); 0 otherwise."""
@@ -112,5 +140,13 @@ class UserReward(RewardBase):
     _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
 
 
-RewardConfig = plugin_union(ThinkAnswerTagsReward, BoxedReward, CodeReward, UserReward)
-"""The primary reward: ``think_answer_tags``, ``boxed``, ``code`` or ``package.module:function``."""
+RewardConfig = plugin_union(
+    ThinkAnswerTagsReward,
+    BoxedReward,
+    LastNumberReward,
+    ReasoningGymReward,
+    CodeReward,
+    UserReward,
+)
+"""The primary reward: ``think_answer_tags``, ``boxed``, ``last_number``, ``reasoning_gym``,
+``code`` or ``package.module:function``."""

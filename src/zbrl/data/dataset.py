@@ -62,7 +62,7 @@ class DatasetError(ValueError):
         """The problem and its fix, without the location prefix."""
 
 
-class _RowError(Exception):
+class RowError(Exception):
     """A problem with one line; the loader adds the file and line and turns it into DatasetError."""
 
     def __init__(self, problem: str, fix: str) -> None:
@@ -83,9 +83,12 @@ class PromptExample:
     """``{"inputs": [str], "outputs": [str], optional "fn_name": str}`` for the code reward."""
     source: str
     """Where the example came from: ``"<path>:<line>"``."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Every other column of the line or row, by its name, as read (the reward sees them)."""
 
     def to_example(self) -> dict[str, Any]:
-        """The mapping a reward function receives: ``messages``, ``gt_answer``, ``test_cases``.
+        """The mapping a reward function receives: ``messages``, ``gt_answer``, ``test_cases``
+        and ``fields`` (the line's other columns).
 
         The result is a fresh copy; callers may mutate it.
         """
@@ -93,6 +96,7 @@ class PromptExample:
             "messages": [dict(m) for m in self.messages],
             "gt_answer": self.gt_answer,
             "test_cases": copy.deepcopy(self.test_cases),
+            "fields": copy.deepcopy(self.fields),
         }
 
 
@@ -142,8 +146,17 @@ def load_examples(
     for number, row in rows:
         source = f"{path}:{number}"
         try:
-            examples.append(_build_example(row, path, number, ANSWER_SPECS[answer_field]))
-        except _RowError as exc:
+            if isinstance(row, _BadLine):
+                raise row.error
+            examples.append(
+                build_example(
+                    row,
+                    uid=f"{path.stem}:{number}",
+                    source=source,
+                    answer=ANSWER_SPECS[answer_field],
+                )
+            )
+        except RowError as exc:
             reason = str(exc)
             if not skip_bad_lines:
                 raise DatasetError(
@@ -199,7 +212,7 @@ def _open_rows(path: Path) -> tuple[Iterator[tuple[int, Any]], str]:
 class _BadLine:
     """Marker row for a line that could not be decoded; carries the error to raise or skip."""
 
-    def __init__(self, error: _RowError) -> None:
+    def __init__(self, error: RowError) -> None:
         self.error = error
 
 
@@ -220,7 +233,7 @@ def _decode_jsonl_line(raw: bytes, *, first: bool) -> Any:
         text = raw.decode("utf-8-sig" if first else "utf-8")
     except UnicodeDecodeError as exc:
         problem = f"the line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-        return _BadLine(_RowError(problem, "save the file as UTF-8"))
+        return _BadLine(RowError(problem, "save the file as UTF-8"))
     if not text.strip():
         return _BLANK
     try:
@@ -230,7 +243,7 @@ def _decode_jsonl_line(raw: bytes, *, first: bool) -> Any:
             "write exactly one complete JSON object per line (an object must not span several "
             "lines; strings use double quotes)"
         )
-        return _BadLine(_RowError(f"invalid JSON ({exc.msg} at column {exc.colno})", fix))
+        return _BadLine(RowError(f"invalid JSON ({exc.msg} at column {exc.colno})", fix))
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -256,57 +269,92 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
 # Validating one row
 
 
-def _build_example(row: Any, path: Path, number: int, answer: AnswerSpec) -> PromptExample:
-    if isinstance(row, _BadLine):
-        raise row.error
+def build_example(
+    row: Any,
+    *,
+    uid: str,
+    source: str,
+    answer: AnswerSpec,
+    prompt_column: str = "messages",
+    answer_column: str | None = None,
+    text_prompts: bool = False,
+) -> PromptExample:
+    """Validate one row: its ``prompt_column`` becomes the messages, its ``answer_column``
+    (default: the answer field itself) the reward's answer field, and every other column goes to
+    ``fields``. ``text_prompts`` also accepts a string prompt (sent as the user message). Raises
+    :class:`RowError` with the problem and the fix."""
+    answer_column = answer_column or answer.field
     if not isinstance(row, dict):
-        raise _RowError(
+        raise RowError(
             f"expected a JSON object, got {type_name(row)}",
             'write one object per line, e.g. {"messages": [{"role": "user", "content": "..."}], '
             + answer.example_json
             + "}",
         )
-    messages = _parse_messages(row)
+    messages = _parse_messages(row, prompt_column, text_prompts)
+    raw_answer = row.get(answer_column)
+    if raw_answer is None and answer_column != answer.field:
+        raise RowError(
+            f"the answer column '{answer_column}' is missing or null (columns: "
+            f"{', '.join(map(str, row)) or 'none'})",
+            "name the column that holds the reference answer in data.source.columns.answer",
+        )
     try:
-        value = answer.read(row)  # the reward's own parser: one per answer field
+        value = answer.read({answer.field: raw_answer})  # the reward's own parser
     except AnswerError as exc:
-        raise _RowError(exc.problem, exc.fix) from None
-    gt_answer = value if answer is GT_ANSWER else None
-    test_cases = value if answer is TEST_CASES else None
+        problem = exc.problem
+        if answer_column != answer.field:
+            problem = f"the answer column '{answer_column}': {problem}"
+        raise RowError(problem, exc.fix) from None
+    extras = {k: v for k, v in row.items() if k not in (prompt_column, answer_column)}
     return PromptExample(
-        uid=f"{path.stem}:{number}",
+        uid=uid,
         messages=messages,
-        gt_answer=gt_answer,
-        test_cases=test_cases,
-        source=f"{path}:{number}",
+        gt_answer=value if answer is GT_ANSWER else None,
+        test_cases=value if answer is TEST_CASES else None,
+        source=source,
+        fields=extras,
     )
 
 
-def _parse_messages(row: dict[str, Any]) -> tuple[dict[str, str], ...]:
-    raw = row.get("messages")
+def _parse_messages(
+    row: dict[str, Any], column: str, text_prompts: bool
+) -> tuple[dict[str, str], ...]:
+    raw = row.get(column)
     if raw is None:
-        raise _RowError(
+        if text_prompts:
+            raise RowError(
+                f"the prompt column '{column}' is missing or null (columns: "
+                f"{', '.join(map(str, row)) or 'none'})",
+                "name the column that holds the prompt in data.source.columns.prompt",
+            )
+        raise RowError(
             "'messages' is missing",
             'add "messages": [{"role": "user", "content": "<the prompt>"}] (a list of '
             "{role, content} objects, or one such object)",
         )
+    if text_prompts and isinstance(raw, str):
+        if not raw.strip():
+            raise RowError(f"the prompt '{column}' is empty", "give every row a prompt")
+        return ({"role": "user", "content": raw},)
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
-        raise _RowError(
-            f"'messages' must be a list of {{role, content}} objects or one such object, "
-            f"got {type_name(raw)}",
-            'write "messages": [{"role": "user", "content": "<the prompt>"}]',
+        raise RowError(
+            f"'{column}' must be a list of {{role, content}} objects or one such object"
+            + (" or a string" if text_prompts else "")
+            + f", got {type_name(raw)}",
+            f'write "{column}": [{{"role": "user", "content": "<the prompt>"}}]',
         )
     if not raw:
-        raise _RowError(
-            "'messages' is empty",
+        raise RowError(
+            f"'{column}' is empty",
             'give at least one message: [{"role": "user", "content": "<the prompt>"}]',
         )
     messages = tuple(_parse_message(i, m) for i, m in enumerate(raw, start=1))
     if not any(m["role"] == "user" for m in messages):
-        raise _RowError(
-            "'messages' has no user message",
+        raise RowError(
+            f"'{column}' has no user message",
             'add {"role": "user", "content": "<the prompt>"}',
         )
     return messages
@@ -315,35 +363,35 @@ def _parse_messages(row: dict[str, Any]) -> tuple[dict[str, str], ...]:
 def _parse_message(index: int, message: Any) -> dict[str, str]:
     where = f"message {index}"
     if not isinstance(message, dict):
-        raise _RowError(
+        raise RowError(
             f"{where} must be an object with 'role' and 'content', got {type_name(message)}",
             'write each message as {"role": "user", "content": "..."}',
         )
     role = message.get("role")
     if role is None:
-        raise _RowError(
+        raise RowError(
             f"{where} has no 'role'",
             f'add "role": one of {", ".join(ROLES)}',
         )
     if not isinstance(role, str) or role not in ROLES:
-        raise _RowError(
+        raise RowError(
             f"{where} has unknown role {role!r}",
             f"use one of the allowed roles: {', '.join(ROLES)}",
         )
     content = message.get("content")
     if content is None:
-        raise _RowError(
+        raise RowError(
             f"{where} ({role}) has no 'content'",
             'add "content": "<text>" to the message',
         )
     if not isinstance(content, str):
-        raise _RowError(
+        raise RowError(
             f"content of {where} ({role}) must be a string, got {type_name(content)}",
             "give the content as one string (lists of content parts are not supported; "
             "join the text parts)",
         )
     if not content.strip():
-        raise _RowError(
+        raise RowError(
             f"content of {where} ({role}) is empty or whitespace",
             "give the message some text, or remove it",
         )

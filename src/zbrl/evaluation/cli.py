@@ -1,4 +1,6 @@
-"""``zbrl eval --model DIR --data FILE [--n N]``: evaluate a saved checkpoint outside training."""
+"""``zbrl eval --model DIR --data FILE [--n N]``: evaluate a saved checkpoint outside training.
+
+``--data held_out`` evaluates the held-out split of the recipe's ``data.source``."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from zbrl.assembly.datasets import encode_prompts
+    from zbrl.assembly.datasets import encode_prompts, eval_ref
     from zbrl.assembly.models import build_backend, quiet_transformers
     from zbrl.assembly.rewards import build_reward_fn
     from zbrl.assembly.settings import eval_sampling_params
@@ -59,7 +61,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     for spec in args.data:
         name, path = _named(spec)
-        prompts, _ = encode_prompts(path, cfg, backend.tokenizer, limit=cfg.eval.max_prompts)
+        prompts, _ = encode_prompts(
+            eval_ref(cfg, path), cfg, backend.tokenizer, limit=cfg.eval.max_prompts
+        )
         start = time.time()
         with tqdm(total=len(prompts), desc=f"eval {name}", unit="prompt") as bar:
             metrics, records = evaluate_set(

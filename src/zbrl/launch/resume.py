@@ -22,6 +22,7 @@ from zbrl.training.checkpoint import Checkpoint, CheckpointError, find_latest
 FIXED_ON_RESUME = (
     "model",
     "data.train_path",
+    "data.source",
     "data.synthetic",
     "data.max_prompts",
     "data.shuffle",

@@ -34,7 +34,11 @@ logger = logging.getLogger(__name__)
 REWARDS: Registry[Callable[..., RewardFunction]] = Registry("reward")
 """Registered reward classes/factories; ``factory(**options)`` returns a RewardFunction."""
 
-LAZY_REWARDS: dict[str, str] = {"code": "zbrl.rewards.code"}
+LAZY_REWARDS: dict[str, str] = {
+    "code": "zbrl.rewards.code",
+    "last_number": "zbrl.rewards.last_number",
+    "reasoning_gym": "zbrl.rewards.reasoning_gym",
+}
 """Built-in rewards registered by importing their module on first use."""
 
 
