@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 
-from zbrl.rewards import RewardContext, build_reward
+from zbrl.assembly.rewards import build_reward_fn
+from zbrl.config import ConfigError, load_config
+from zbrl.rewards import RewardContext, bubblewrap, build_reward
+from zbrl.rewards.bubblewrap import BwrapProbe, SandboxUnavailableError
 from zbrl.rewards.code import CodeReward, extract_solution, parse_test_cases
 from zbrl.rewards.sandbox import SandboxLimits
 
@@ -183,12 +187,20 @@ def test_bad_options_are_rejected() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["rlimits", "bwrap"])
 def test_hostile_batch_is_contained_and_scored_zero(
-    reward: CodeReward, monkeypatch: pytest.MonkeyPatch
+    backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if backend == "bwrap" and not bubblewrap.probe_bwrap().works:
+        if os.environ.get("ZBRL_REQUIRE_BWRAP") == "1":
+            pytest.fail(f"ZBRL_REQUIRE_BWRAP=1: {bubblewrap.probe_bwrap().error}")
+        pytest.skip(f"bubblewrap does not work here: {bubblewrap.probe_bwrap().error}")
+    reward = CodeReward(correct_reward=10.0, limits={**LIMITS, "backend": backend}, max_workers=2)
+    assert reward.backend == backend
     secret = f"s3cret-{uuid.uuid4().hex}"
     monkeypatch.setenv("ZBRL_SECRET", secret)
-    escape = f"/tmp/zbrl_escape_{uuid.uuid4().hex}"
+    # in the checkout: outside the working directory of both backends (bwrap's is its own /tmp)
+    escape = str(Path(__file__).resolve().parent / f"zbrl_escape_{uuid.uuid4().hex}")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
@@ -240,3 +252,30 @@ def test_hostile_batch_is_contained_and_scored_zero(
     assert results[-1].reward == 10.0
     assert reward.score(fenced(ADD), ADD_EXAMPLE, CTX).reward == 10.0
     assert os.environ["ZBRL_SECRET"] == secret
+
+
+# ------------------------------------------------------------------------------------------------
+# The sandbox backend setting
+# ------------------------------------------------------------------------------------------------
+
+
+def test_backend_setting_reaches_the_reward() -> None:
+    overrides = ["reward.type=code", "reward.sandbox.backend=rlimits"]
+    reward = build_reward_fn(load_config("recipes/demo.yaml", overrides))
+    assert (reward.limits.backend, reward.backend) == ("rlimits", "rlimits")
+    default = load_config("recipes/demo.yaml", ["reward.type=code"])
+    assert default.reward.sandbox.backend == "auto"
+    with pytest.raises(ConfigError, match=r"reward\.sandbox\.backend"):
+        load_config("recipes/demo.yaml", ["reward.type=code", "reward.sandbox.backend=docker"])
+
+
+def test_bwrap_backend_without_bubblewrap_fails_when_the_reward_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = BwrapProbe(path=None, error="bwrap is not installed (not found on PATH)")
+    monkeypatch.setattr(bubblewrap, "probe_bwrap", lambda: missing)
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+        CodeReward(limits={**LIMITS, "backend": "bwrap"})
+    overrides = ["reward.type=code", "reward.sandbox.backend=bwrap"]
+    with pytest.raises(SandboxUnavailableError, match=r"reward\.sandbox\.backend=rlimits"):
+        build_reward_fn(load_config("recipes/demo.yaml", overrides))

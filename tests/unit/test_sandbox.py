@@ -2,19 +2,28 @@
 
 Every containment test checks three things: the program was stopped or denied, it is scored as a
 failure, and this (calling) process is unharmed — the sandbox still runs a correct program and no
-process of the candidate's process group is left behind.
+process of the candidate's process group is left behind. The hostile programs run against both
+backends (``backend`` fixture): ``rlimits`` always, ``bwrap`` where bubblewrap works (skipped
+elsewhere, a failure when ``ZBRL_REQUIRE_BWRAP=1``, as in CI). Where the two differ (a program
+that defeats the audit hook), each test asserts what its backend really does.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import logging
 import os
 import socket
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from zbrl.rewards import sandbox
+from zbrl.rewards import bubblewrap, sandbox
+from zbrl.rewards.bubblewrap import BwrapProbe, SandboxUnavailableError
 from zbrl.rewards.sandbox import (
     ProgramResult,
     SandboxLimits,
@@ -23,9 +32,11 @@ from zbrl.rewards.sandbox import (
     parse_call_args,
     run_program,
     run_programs,
+    run_python,
 )
 
 LIMITS = SandboxLimits(timeout_s=1.0, memory_mb=256)
+BACKENDS = ["rlimits", "bwrap"]
 ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
 ADD_TESTS = [TestCase("1 2\n", "3\n"), TestCase("10 -3\n", "7\n")]
 
@@ -45,6 +56,27 @@ def _processes_in_group(pgid: int) -> list[int]:
     return pids
 
 
+def require_bwrap() -> None:
+    """Skip without a working bubblewrap; fail instead when ``ZBRL_REQUIRE_BWRAP=1`` (CI)."""
+    probe = bubblewrap.probe_bwrap()
+    if probe.works:
+        return
+    if os.environ.get("ZBRL_REQUIRE_BWRAP") == "1":
+        pytest.fail(f"ZBRL_REQUIRE_BWRAP=1 but bubblewrap does not work here: {probe.error}")
+    pytest.skip(f"bubblewrap does not work here: {probe.error}")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "bwrap":
+        require_bwrap()
+    return request.param
+
+
+def limits_for(backend: str, **changes: object) -> SandboxLimits:
+    return dataclasses.replace(LIMITS, backend=backend, **changes)  # type: ignore[arg-type]
+
+
 def assert_contained(result: ProgramResult) -> None:
     """Failed, nothing left running, and the sandbox still works for the next program."""
     assert not result.all_passed
@@ -53,8 +85,9 @@ def assert_contained(result: ProgramResult) -> None:
     with pytest.raises(ProcessLookupError):
         os.killpg(result.pid, 0)
     assert _processes_in_group(result.pid) == []
-    follow_up = run_program(ADD, ADD_TESTS, limits=LIMITS)
+    follow_up = run_program(ADD, ADD_TESTS, limits=limits_for(result.backend))
     assert follow_up.statuses == ["pass", "pass"]
+    assert follow_up.backend == result.backend
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,24 +242,25 @@ def test_invalid_tests_are_rejected_before_running() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Containment
+# Containment, against both backends
 # ------------------------------------------------------------------------------------------------
 
 
-def test_infinite_loop_times_out_and_skips_the_rest() -> None:
+def test_infinite_loop_times_out_and_skips_the_rest(backend: str) -> None:
     source = "n = int(input())\nwhile n == 1:\n    pass\nprint(n)\n"
     tests = [TestCase("0", "0"), TestCase("1", "1"), TestCase("2", "2")]
-    result = run_program(source, tests, limits=LIMITS)
+    result = run_program(source, tests, limits=limits_for(backend))
+    assert result.backend == backend
     assert result.statuses == ["pass", "timeout", "skipped"]
     assert_contained(result)
-    keep_going = SandboxLimits(timeout_s=1.0, memory_mb=256, continue_after_timeout=True)
+    keep_going = limits_for(backend, continue_after_timeout=True)
     result = run_program(source, tests, limits=keep_going)
     assert result.statuses == ["pass", "timeout", "pass"]
     assert_contained(result)
 
 
-def test_cpu_time_limit_kills_busy_loop() -> None:
-    limits = SandboxLimits(timeout_s=10.0, cpu_s=1, memory_mb=256)
+def test_cpu_time_limit_kills_busy_loop(backend: str) -> None:
+    limits = limits_for(backend, timeout_s=10.0, cpu_s=1)
     result = run_program("while True:\n    pass\n", [TestCase("", "")], limits=limits)
     assert result.statuses == ["timeout"]
     assert "CPU" in result.tests[0].detail
@@ -255,8 +289,8 @@ def test_sleeping_program_and_total_timeout() -> None:
     ],
     ids=["fork", "fork-retry", "subprocess", "system", "posix_spawn", "exec", "mp", "raw"],
 )
-def test_process_creation_is_contained(source: str) -> None:
-    result = run_program(source, [TestCase("", "never")], limits=LIMITS)
+def test_process_creation_is_contained(source: str, backend: str) -> None:
+    result = run_program(source, [TestCase("", "never")], limits=limits_for(backend))
     assert result.statuses[0] in ("runtime_error", "timeout")
     assert_contained(result)
 
@@ -270,10 +304,10 @@ def test_process_creation_is_contained(source: str) -> None:
     ],
     ids=["bytearray-50GiB", "growing-list", "doubling"],
 )
-def test_huge_allocation_is_a_memory_failure(source: str) -> None:
+def test_huge_allocation_is_a_memory_failure(source: str, backend: str) -> None:
     # a generous wall clock: on a loaded machine the doubling list must hit the memory limit,
     # not the 1 s timeout, for the status to be the one under test
-    limits = SandboxLimits(timeout_s=10.0, memory_mb=LIMITS.memory_mb)
+    limits = limits_for(backend, timeout_s=10.0)
     result = run_program(source, [TestCase("", "1")], limits=limits)
     assert result.statuses == ["memory"]
     assert_contained(result)
@@ -289,44 +323,71 @@ def test_huge_allocation_is_a_memory_failure(source: str) -> None:
     ],
     ids=["print", "buffer", "stderr", "return-value"],
 )
-def test_endless_output_is_an_output_limit(source: str) -> None:
+def test_endless_output_is_an_output_limit(source: str, backend: str) -> None:
     fn_name = "f" if "def f" in source else None
     test = TestCase("[]", '"x"') if fn_name else TestCase("", "spam")
-    result = run_program(source, [test], fn_name=fn_name, limits=LIMITS)
+    result = run_program(source, [test], fn_name=fn_name, limits=limits_for(backend))
     assert result.statuses == ["output_limit"]
     assert_contained(result)
 
 
-def test_large_file_write_is_capped() -> None:
-    limits = SandboxLimits(timeout_s=2.0, memory_mb=256, max_file_bytes=1024 * 1024)
+def test_large_file_write_is_capped(backend: str) -> None:
+    limits = limits_for(backend, timeout_s=2.0, max_file_bytes=1024 * 1024)
     source = "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * 65536)\n"
     result = run_program(source, [TestCase("", "")], limits=limits)
     assert result.statuses == ["output_limit"]
     assert_contained(result)
 
 
+def test_many_files_fill_only_the_bwrap_workdir(backend: str) -> None:
+    """Files each under ``max_file_bytes`` but 8 MiB together: bwrap's tmpfs of 4 MiB refuses
+    them (ENOSPC), while the rlimits backend caps single files only and lets them all be written
+    (on the host's disk, until the directory is removed)."""
+    limits = limits_for(backend, max_file_bytes=1024 * 1024, max_workdir_bytes=4 * 1024 * 1024)
+    source = (
+        "for i in range(8):\n"
+        "    with open(f'part{i}.bin', 'wb') as f:\n"
+        "        f.write(b'x' * (1024 * 1024 - 1))\n"
+        "print('wrote 8 MiB')\n"
+    )
+    result = run_program(source, [TestCase("", "wrote 8 MiB")], limits=limits)
+    if backend == "bwrap":
+        assert result.statuses == ["runtime_error"]
+        assert "No space left" in result.tests[0].detail
+        assert_contained(result)
+    else:
+        assert result.statuses == ["pass"]
+
+
 @pytest.mark.parametrize("how", ["open", "os.open", "pathlib", "rename", "chdir"])
-def test_write_outside_the_workdir_is_denied(how: str) -> None:
-    target = f"/tmp/zbrl_escape_{uuid.uuid4().hex}"
+def test_write_outside_the_workdir_is_denied(how: str, backend: str) -> None:
+    # in the checkout: outside the working directory of both backends (bwrap's is its own /tmp)
+    target = str(Path(__file__).resolve().parent / f"zbrl_escape_{uuid.uuid4().hex}")
+    folder, name = os.path.split(target)
     sources = {
         "open": f"open({target!r}, 'w').write('escaped')\nprint('done')\n",
         "os.open": f"import os\nos.open({target!r}, os.O_WRONLY | os.O_CREAT)\nprint('done')\n",
         "pathlib": f"import pathlib\npathlib.Path({target!r}).write_text('x')\nprint('done')\n",
         "rename": f"import os\nopen('a', 'w').close()\nos.rename('a', {target!r})\nprint('done')\n",
-        "chdir": f"import os\nos.chdir('/tmp')\nopen({target!r}[5:], 'w').close()\nprint('done')\n",
+        "chdir": f"import os\nos.chdir({folder!r})\nopen({name!r}, 'w').close()\nprint('done')\n",
     }
     try:
-        result = run_program(sources[how], [TestCase("", "done")], limits=LIMITS)
+        result = run_program(sources[how], [TestCase("", "done")], limits=limits_for(backend))
         assert not os.path.exists(target)
         assert result.statuses == ["runtime_error"]
-        assert "not allowed" in result.tests[0].detail
+        if backend == "bwrap" and how == "chdir":  # the folder does not exist in the jail
+            assert "FileNotFoundError" in result.tests[0].detail
+        else:  # the audit hook, in both backends
+            assert "not allowed" in result.tests[0].detail
         assert_contained(result)
     finally:
         if os.path.exists(target):
             os.remove(target)
 
 
-def test_workdir_is_fresh_and_removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_rlimits_workdir_is_fresh_and_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     made: list[str] = []
 
     def mkdtemp(prefix: str = "") -> str:
@@ -338,25 +399,83 @@ def test_workdir_is_fresh_and_removed(monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setattr(sandbox.tempfile, "mkdtemp", mkdtemp)
     expected = os.path.realpath(tmp_path / "zbrl-sandbox-0")
     source = "import os\nopen('left.txt', 'w').close()\nprint(os.path.realpath(os.getcwd()))\n"
-    result = run_program(source, [TestCase("", expected)], limits=LIMITS)
+    result = run_program(source, [TestCase("", expected)], limits=limits_for("rlimits"))
     assert result.statuses == ["pass"]
     assert made == [expected]
     assert not os.path.exists(expected)
 
 
-def test_reading_private_files_is_denied() -> None:
+def test_bwrap_workdir_is_an_empty_tmpfs_each_time() -> None:
+    require_bwrap()
+    source = "import os\nprint(os.getcwd(), os.listdir('.'))\nopen('left.txt', 'w').close()\n"
+    for _ in range(2):
+        run = run_python(source, limits=limits_for("bwrap"))
+        assert (run.status, run.stdout, run.backend) == ("ok", "/tmp []\n", "bwrap")
+
+
+def test_reading_private_files_is_denied(backend: str) -> None:
     for path in ("/etc/passwd", f"/proc/{os.getpid()}/environ", str(Path.home())):
         source = (
             f"import os\npath = {path!r}\n"
             "print(open(path).read()[:10] if os.path.isfile(path) else os.listdir(path))\n"
         )
-        result = run_program(source, [TestCase("", "x")], limits=LIMITS)
+        result = run_program(source, [TestCase("", "x")], limits=limits_for(backend))
         assert result.statuses == ["runtime_error"], path
         assert "not allowed" in result.tests[0].detail
     assert_contained(result)
 
 
-def test_parent_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+HOOK_BYPASS = (
+    "import os, posixpath\n"
+    "# the audit hook resolves paths with os.path.realpath, whose helper lives in a module the\n"
+    "# program can change: make every path resolve to the working directory\n"
+    "posixpath._joinrealpath = lambda path, rest, strict, seen: (os.getcwd(), True)\n"
+)
+
+
+def test_a_program_that_defeats_the_hook_is_contained_only_by_bwrap(
+    backend: str, tmp_path: Path
+) -> None:
+    """The audit hook is not a boundary: a program that defeats it reads and writes the host's
+    files under ``rlimits``. Under ``bwrap`` the same program finds neither the checkout, nor a
+    secret in the home directory or in the host's /tmp, and cannot write outside its tmpfs."""
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    in_tmp = tmp_path / "secret.txt"
+    in_tmp.write_text(secret)
+    in_home = Path.home() / f".zbrl-sandbox-test-{uuid.uuid4().hex}"
+    escape = tmp_path / "escaped.txt"
+    checkout_file = Path(__file__).resolve()
+    source = HOOK_BYPASS + (
+        "seen = []\n"
+        f"for path in {[str(in_tmp), str(in_home), str(checkout_file)]!r}:\n"
+        "    try:\n"
+        "        seen.append(open(path).read()[:60])\n"
+        "    except OSError as exc:\n"
+        "        seen.append(type(exc).__name__)\n"
+        "try:\n"
+        f"    open({str(escape)!r}, 'w').write('x')\n"
+        "    seen.append('wrote')\n"
+        "except OSError as exc:\n"
+        "    seen.append(type(exc).__name__)\n"
+        "print(seen)\n"
+    )
+    try:
+        in_home.write_text(secret)
+        run = run_python(source, limits=limits_for(backend))
+    finally:
+        in_home.unlink()
+    assert run.status == "ok", run
+    if backend == "bwrap":
+        assert run.stdout == str(["FileNotFoundError"] * 4) + "\n"
+        assert not escape.exists()
+    else:  # not contained: documented in docs/sandbox.md
+        assert run.stdout.count(secret) == 2
+        assert "The code sandbox:" in run.stdout  # this file's docstring
+        assert "'wrote'" in run.stdout
+        assert escape.read_text() == "x"
+
+
+def test_parent_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     secret = f"s3cret-{uuid.uuid4().hex}"
     monkeypatch.setenv("ZBRL_SECRET", secret)
     source = (
@@ -371,14 +490,17 @@ def test_parent_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> N
         "print('LEAK' if leak else 'CLEAN')\n"
         "print(sorted(os.environ))\n"
     )
-    expected = "CLEAN\n['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']\n"
-    result = run_program(source, [TestCase("", expected)], limits=LIMITS)
+    names = ["HOME", "LANG", "LC_ALL", "PATH", "TMPDIR"]
+    if backend == "bwrap":
+        names.insert(4, "PWD")  # bwrap sets it to the working directory, /tmp
+    expected = f"CLEAN\n{names}\n"
+    result = run_program(source, [TestCase("", expected)], limits=limits_for(backend))
     assert result.statuses == ["pass"]
     assert os.environ["ZBRL_SECRET"] == secret
 
 
-@pytest.mark.parametrize("namespace", [True, False], ids=["netns-if-available", "hook-only"])
-def test_network_access_is_blocked(namespace: bool) -> None:
+@pytest.mark.parametrize("namespace", [True, False], ids=["netns-if-available", "no-unshare"])
+def test_network_access_is_blocked(namespace: bool, backend: str) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind(("127.0.0.1", 0))
@@ -413,11 +535,13 @@ def test_network_access_is_blocked(namespace: bool) -> None:
             "    return False\n"
             "print('connected' if attempt() else 'blocked')\n"
         )
-        limits = SandboxLimits(timeout_s=3.0, memory_mb=256, network_namespace=namespace)
+        limits = limits_for(backend, timeout_s=3.0, network_namespace=namespace)
         result = run_program(source, [TestCase("", "connected")], limits=limits)
         assert result.statuses == ["wrong_answer"]  # ran to the end, printed "blocked"
-        if not namespace:
-            assert not result.network_namespace
+        if backend == "bwrap":
+            assert result.network_namespace  # always its own, whatever network_namespace says
+        elif not namespace:
+            assert not result.network_namespace  # the audit hook alone blocked it
         listener.settimeout(0.3)
         with pytest.raises(socket.timeout):
             listener.accept()
@@ -426,22 +550,219 @@ def test_network_access_is_blocked(namespace: bool) -> None:
         listener.close()
 
 
-def test_killing_other_processes_is_denied() -> None:
+def test_killing_other_processes_is_denied(backend: str) -> None:
     source = f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\nprint('x')\n"
-    result = run_program(source, [TestCase("", "x")], limits=LIMITS)
+    result = run_program(source, [TestCase("", "x")], limits=limits_for(backend))
     assert result.statuses == ["runtime_error"]
     assert_contained(result)
 
 
-def test_leftover_thread_does_not_outlive_the_test() -> None:
+def test_leftover_thread_does_not_outlive_the_test(backend: str) -> None:
     source = (
         "import threading, time\n"
         "threading.Thread(target=time.sleep, args=(100,), daemon=False).start()\n"
         "print('done')\n"
     )
-    result = run_program(source, [TestCase("", "done")], limits=LIMITS)
+    result = run_program(source, [TestCase("", "done")], limits=limits_for(backend))
     assert result.statuses == ["pass"]
     assert _processes_in_group(result.pid) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The bubblewrap jail itself, without the audit hook: what the namespaces alone contain
+# ------------------------------------------------------------------------------------------------
+
+
+def run_in_jail(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in the jail the bwrap backend uses, in a plain interpreter: no runner, no hook."""
+    require_bwrap()
+    path = bubblewrap.probe_bwrap().path
+    assert path is not None
+    argv = [*bubblewrap.jail_argv(path, 1024 * 1024, None), bubblewrap.interpreter(), "-I", "-S"]
+    return subprocess.run(
+        [*argv, "-c", code],
+        capture_output=True,
+        text=True,
+        env=bubblewrap.jail_env(),
+        timeout=30,
+        start_new_session=True,
+        check=False,
+    )
+
+
+def test_jail_has_no_route_to_the_hosts_loopback() -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as exc:\n"
+            "    print(type(exc).__name__)\n"
+        )
+        done = run_in_jail(code)
+        assert (done.returncode, done.stdout) == (0, "ConnectionRefusedError\n"), done.stderr
+        listener.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def _host_processes_with_argv(argv: list[str]) -> list[int]:
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if Path(f"/proc/{name}/cmdline").read_text() == wanted:
+                    found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def test_jail_processes_die_with_it_and_see_no_host_process() -> None:
+    marker = ["/bin/sleep", f"{uuid.uuid4().int % 10**6 + 1000}.5"]
+    code = (
+        "import os, subprocess\n"
+        f"subprocess.Popen({marker!r}, start_new_session=True)  # escapes the group, not the ns\n"
+        "print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+    )
+    done = run_in_jail(code)
+    assert done.returncode == 0, done.stderr
+    pid, visible = done.stdout.split(" ", 1)
+    assert pid == "1"  # the jailed program is its PID namespace's init
+    assert len(ast.literal_eval(visible)) <= 2  # itself and the sleep; no process of the host
+    deadline = time.monotonic() + 5
+    while _host_processes_with_argv(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _host_processes_with_argv(marker) == []
+
+
+def test_jail_filesystem_is_read_only_and_hides_the_host(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    checkout_file = Path(__file__).resolve()
+    code = (
+        "import os\n"
+        "print(sorted(os.listdir('/')))\n"
+        f"for path in ({str(secret)!r}, {str(checkout_file)!r}, '/etc/passwd', '/etc/shadow'):\n"
+        "    print(os.path.exists(path))\n"
+        "for path in ('/usr/x', '/etc/x', '/x', '/dev/x', '/dev/shm/x'):\n"
+        "    try:\n"
+        "        open(path, 'w')\n"
+        "        print('wrote', path)\n"
+        "    except OSError as exc:\n"
+        "        print(exc.errno)\n"
+        "open('/tmp/scratch', 'w').write('tmpfs is writable')\n"
+        "print(open('/tmp/scratch').read())\n"
+    )
+    done = run_in_jail(code)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    top = set(ast.literal_eval(lines[0]))
+    allowed = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp"}
+    allowed |= {d.split("/")[1] for d in bubblewrap._interpreter_dirs()}
+    allowed.add(bubblewrap.JAIL_RUNNER.split("/")[1])
+    assert top <= allowed
+    assert {"usr", "proc", "dev", "tmp"} <= top
+    assert lines[1:5] == ["False"] * 4
+    assert lines[5:10] == ["30"] * 5  # EROFS: all but the working directory is read-only
+    assert lines[10] == "tmpfs is writable"
+    assert not Path("/usr/x").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Choosing the backend
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> BwrapProbe:
+    probe = BwrapProbe(path=None, error="bwrap is not installed (not found on PATH)")
+    monkeypatch.setattr(bubblewrap, "probe_bwrap", lambda: probe)
+    monkeypatch.setattr(bubblewrap, "_warned", False)
+    return probe
+
+
+def test_auto_falls_back_to_rlimits_with_one_warning(
+    no_bwrap: BwrapProbe, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="zbrl.rewards.bubblewrap"):
+        result = run_program(ADD, ADD_TESTS, limits=LIMITS)
+        assert bubblewrap.resolve_backend("auto") == "rlimits"
+    assert result.backend == "rlimits"
+    assert result.statuses == ["pass", "pass"]
+    warnings = [r for r in caplog.records if r.name == "zbrl.rewards.bubblewrap"]
+    assert len(warnings) == 1
+    assert "apt-get install bubblewrap" in warnings[0].getMessage()
+    assert "not installed" in warnings[0].getMessage()
+
+
+def test_bwrap_backend_refuses_to_fall_back(no_bwrap: BwrapProbe) -> None:
+    with pytest.raises(SandboxUnavailableError, match="backend 'bwrap' does not work here") as e:
+        run_program(ADD, ADD_TESTS, limits=limits_for("bwrap"))
+    assert "not installed" in str(e.value)
+    assert "apt-get install bubblewrap" in str(e.value)
+    assert "reward.sandbox.backend=rlimits" in str(e.value)
+
+
+def test_rlimits_backend_never_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def probe() -> BwrapProbe:
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(bubblewrap, "probe_bwrap", probe)
+    assert run_program(ADD, ADD_TESTS, limits=limits_for("rlimits")).backend == "rlimits"
+
+
+def test_probe_runs_once_and_reports_why_it_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    run_probe = bubblewrap._run_probe
+    monkeypatch.setattr(bubblewrap, "_probe", None)
+    monkeypatch.setattr(
+        bubblewrap, "_run_probe", lambda: calls.append(1) or BwrapProbe(path="/x", error="no")
+    )
+    assert bubblewrap.probe_bwrap() is bubblewrap.probe_bwrap()
+    assert calls == [1]
+    monkeypatch.setattr(bubblewrap.shutil, "which", lambda name: None)
+    assert "not installed" in (run_probe().error or "")
+    monkeypatch.setattr(bubblewrap.shutil, "which", lambda name: "/bin/false")
+    failed = run_probe()
+    assert not failed.works
+    assert "failed (exit 1" in (failed.error or "")
+
+
+def test_unknown_backend_is_rejected() -> None:
+    with pytest.raises(ValueError, match="backend must be one of"):
+        SandboxLimits(backend="docker")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# run_python: one program, its output back (the building block of a Python tool)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_run_python_returns_output_and_failures(backend: str) -> None:
+    limits = limits_for(backend)
+    run = run_python("print(input()[::-1])", "abc\n", limits)
+    assert (run.status, run.stdout, run.ok, run.backend) == ("ok", "cba\n", True, backend)
+    failed = run_python("print('before')\n1 / 0\n", limits=limits)
+    assert (failed.status, failed.stdout) == ("runtime_error", "before\n")
+    assert "ZeroDivisionError" in failed.stderr_tail
+    assert "ZeroDivisionError" in failed.detail
+    looping = run_python("print('started', flush=True)\nwhile True:\n    pass\n", limits=limits)
+    assert (looping.status, looping.stdout) == ("timeout", "started\n")
+    flood = run_python("while True:\n    print('x' * 1000)\n", limits=limits)
+    assert flood.status == "output_limit"
+    assert 0 < len(flood.stdout) <= limits.max_output_bytes
+    syntax = run_python("def f(:\n", limits=limits)
+    assert syntax.status == "runtime_error"
+    assert "SyntaxError" in syntax.stderr_tail
 
 
 # ------------------------------------------------------------------------------------------------

@@ -63,7 +63,11 @@ def _primary(cfg: RunConfig) -> RewardFunction:
             rw.type,
             correct_reward=rw.correct_reward,
             partial_credit=rw.partial_credit,
-            limits=SandboxLimits(timeout_s=rw.sandbox.timeout_s, memory_mb=rw.sandbox.memory_mb),
+            limits=SandboxLimits(
+                timeout_s=rw.sandbox.timeout_s,
+                memory_mb=rw.sandbox.memory_mb,
+                backend=rw.sandbox.backend,
+            ),
             max_workers=rw.sandbox.max_workers,
             length_shaping=shaping,
         )

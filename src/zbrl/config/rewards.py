@@ -20,6 +20,10 @@ class SandboxConfig(Section):
     """Address-space limit of a candidate program."""
     max_workers: int = Field(default=2, ge=1)
     """Candidate programs run in parallel."""
+    backend: Literal["auto", "bwrap", "rlimits"] = "auto"
+    """``bwrap``: namespaces (no network, read-only system, throwaway directory; an error when
+    bubblewrap does not work here); ``rlimits``: resource limits and an audit hook only;
+    ``auto``: bwrap when it works, else rlimits with a warning (docs/sandbox.md)."""
 
 
 class ExtraReward(Section):

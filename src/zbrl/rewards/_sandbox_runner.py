@@ -1,18 +1,21 @@
 """Child side of the code sandbox (see ``zbrl.rewards.sandbox`` and ``docs/sandbox.md``).
 
-Run by the sandbox as ``python -I -S -B -X utf8 _sandbox_runner.py`` in a fresh temporary
-directory with a minimal environment, as the leader of its own process group. This file is a
+Run by the sandbox as ``python -I -S -B -X utf8 _sandbox_runner.py`` with a minimal environment,
+as the leader of its own process group, in its working directory: a fresh temporary directory
+(``rlimits`` backend) or the empty tmpfs of a bubblewrap jail (``bwrap`` backend). This file is a
 standalone script: it imports only the standard library, and never ``subprocess``, ``socket`` or
 ``ctypes`` (the candidate program inherits this interpreter's memory through ``fork``).
 
-Protocol. The parent writes ``job.marshal`` (a :mod:`marshal` dump) into the working directory::
+Protocol. The parent writes the job to the runner's stdin (a :mod:`marshal` dump) and closes it::
 
-    {"source": str, "fn_name": str | None, "inputs": [str, ...], "limits": {...}}
+    {"source": str, "fn_name": str | None, "inputs": [str, ...], "limits": {...},
+     "nproc": int | None}                   (optional: RLIMIT_NPROC computed by the parent)
 
 For stdin/stdout programs each input is the text fed to stdin; for function calls it is the JSON
 list of positional arguments. Expected outputs are never sent here: the parent compares. The
-runner reads and deletes the job, compiles the source once, and writes one line per message to its
-stdout, each the ``repr`` of a dict of literals (the parent reads them with ``ast.literal_eval``):
+runner reads the job to the end of its stdin, compiles the source once, and writes one line per
+message to its stdout, each the ``repr`` of a dict of literals (the parent reads them with
+``ast.literal_eval``):
 
     {"ev": "ready"}                                  compiled; tests follow
     {"ev": "compile_error", "error": str}            the source does not compile; nothing ran
@@ -30,8 +33,9 @@ candidate. This runner enforces the per-test wall-clock limit and the output cap
 process on overrun; the parent enforces the same limits again from outside, with a grace margin,
 and kills the whole process group at the end.
 
-Raw statuses in "done": ``ok`` (ran to completion; "stdout" or "ret" carries the output),
-``timeout``, ``memory``, ``output_limit``, ``runtime_error``.
+Raw statuses in "done": ``ok`` (ran to completion; "ret" carries a function's return value),
+``timeout``, ``memory``, ``output_limit``, ``runtime_error``. "stdout" carries what the test
+printed (up to the cap) whatever the status.
 """
 
 import _signal
@@ -191,19 +195,29 @@ def read_roots(workdir):
     return roots
 
 
+def read_job():
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            return marshal.loads(b"".join(chunks))
+        chunks.append(chunk)
+
+
 def main():
-    with open("job.marshal", "rb") as f:
-        job = marshal.load(f)
-    os.unlink("job.marshal")
+    job = read_job()
     limits = job["limits"]
     workdir = os.path.realpath(os.getcwd())
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # Compiling hostile source happens here, so the runner gets the same memory cap.
     memory = int(limits["memory_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    nproc = None
-    if os.getuid() != 0:
+    if "nproc" in job:
+        nproc = job["nproc"]
+    elif os.getuid() != 0:
         nproc = user_task_count(os.getuid()) + int(limits["max_processes"])
+    else:
+        nproc = None
     # exit()/quit() normally come from the site module, which -S skips; programs use them.
     builtins.exit = builtins.quit = _exit_builtin
     try:
@@ -378,6 +392,7 @@ def classify(watch, fn_mode, duration, cpu_limit):
         "status": "runtime_error",
         "duration": duration,
         "stderr": watch["stderr"].decode("utf-8", "replace"),
+        "stdout": watch["stdout"].decode("utf-8", "replace"),
         "detail": "",
     }
     wait_status = watch["wait_status"]
@@ -400,7 +415,6 @@ def classify(watch, fn_mode, duration, cpu_limit):
     if kind not in REPORT_KINDS:
         if exit_code == 0 and not fn_mode:
             out["status"] = "ok"  # os._exit(0) skips the report; the output still counts
-            out["stdout"] = watch["stdout"].decode("utf-8", "replace")
         else:
             out["detail"] = f"exit status {exit_code}"
         return out
@@ -408,8 +422,6 @@ def classify(watch, fn_mode, duration, cpu_limit):
         out["status"] = "ok"
         if fn_mode:
             out["ret"] = payload
-        else:
-            out["stdout"] = watch["stdout"].decode("utf-8", "replace")
         return out
     out["detail"] = payload[:500]
     if kind in ("memory", "output_limit"):

@@ -4,7 +4,8 @@ The program is the text after the last ```` ```python ```` fence up to the next 
 A response without a closed fence has invalid format; its whole text (or, for an unclosed fence,
 everything after it) is still run, so that ``ans_acc`` is measured, but in training the reward is
 only given to well-formatted responses. Programs run in the local sandbox
-(:mod:`zbrl.rewards.sandbox`, see ``docs/sandbox.md``), many at a time in ``score_batch``.
+(:mod:`zbrl.rewards.sandbox`: bubblewrap namespaces when they work here, else rlimits; see
+``docs/sandbox.md``), many at a time in ``score_batch``.
 
 ``test_cases`` (an object or a JSON string of one, as in ``docs/datasets.md``)::
 
@@ -36,6 +37,7 @@ from zbrl.rewards.sandbox import (
     ProgramResult,
     SandboxLimits,
     TestCase,
+    check_backend,
     run_programs,
 )
 
@@ -147,6 +149,9 @@ class CodeReward(BaseReward):
         self.correct_reward = float(correct_reward)
         self.partial_credit = bool(partial_credit)
         self.limits = limits or SandboxLimits()
+        self.backend = check_backend(self.limits)
+        """The sandbox backend programs run under (``auto`` resolved: an unusable ``bwrap``
+        fails here, at build time, not at the first score)."""
         self.max_workers = max_workers
         self.length_shaping = as_length_shaping(length_shaping, "code")
 

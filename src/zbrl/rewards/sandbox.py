@@ -1,22 +1,35 @@
 """A local sandbox that runs untrusted Python programs against test cases.
 
-Used by the ``code`` reward. Every candidate program runs in its own interpreter
-(``python -I -S``: isolated mode, no site-packages, no ``PYTHON*`` variables) in a fresh temporary
-working directory that is removed afterwards, with a minimal explicit environment, as the leader
-of a new process group that is killed when the candidate is done. That interpreter (the *runner*,
-``_sandbox_runner.py``) compiles the program once and forks one *test process* per test case; the
-test process applies resource limits (address space, CPU time, file size, open files, process
-count), installs an audit hook that denies process creation, sockets, writes outside the working
-directory and reads outside the standard library, and runs the program. Where ``unshare --net``
-works, the runner also starts in an empty network namespace.
+Used by the ``code`` reward, and reusable as :func:`run_python` (one program, one stdin, its
+output back) by tools. Every candidate program runs in its own interpreter (``python -I -S``:
+isolated mode, no site-packages, no ``PYTHON*`` variables) with a minimal explicit environment, as
+the leader of a new process group that is killed when the candidate is done. That interpreter (the
+*runner*, ``_sandbox_runner.py``) compiles the program once and forks one *test process* per test
+case; the test process applies resource limits (address space, CPU time, file size, open files,
+process count), installs an audit hook that denies process creation, sockets, writes outside the
+working directory and reads outside the standard library, and runs the program.
+
+Two backends (``SandboxLimits.backend``):
+
+* ``bwrap``: the runner starts under bubblewrap, in its own user, PID, mount, network, IPC and UTS
+  namespaces, with all capabilities dropped; it sees a read-only ``/usr`` (and ``/bin``, ``/lib``
+  ...), the interpreter's own installation, a fresh ``/proc`` and ``/dev``, and an empty tmpfs at
+  ``/tmp`` as its working directory. The checkout, home directories, ``/etc`` and the host's
+  network are not there. This is the containment layer; the rlimits and the audit hook still apply
+  inside it.
+* ``rlimits``: the runner starts directly, in a fresh temporary directory on the host (removed
+  afterwards), and, where ``unshare --net`` works, in an empty network namespace. Only the rlimits
+  and the audit hook contain the program: containment for buggy and runaway programs, not a
+  security boundary.
+* ``auto`` (default): ``bwrap`` when a probe finds it installed and working (once per process),
+  else ``rlimits`` with a one-time warning that says how to install bubblewrap.
 
 Per-test wall-clock limits are enforced twice: by the runner (kills the test process) and by this
 module (kills the whole process group when the runner does not report in time). After a timeout the
 remaining tests of that candidate are not run (status ``"skipped"``) unless
 ``SandboxLimits.continue_after_timeout`` is set.
 
-This is containment for buggy and runaway programs, not a security boundary: see
-``docs/sandbox.md`` for what it does not protect against.
+See ``docs/sandbox.md`` for what each backend contains and what it does not.
 
 Test formats:
 
@@ -37,6 +50,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import logging
 import marshal
 import os
 import selectors
@@ -51,7 +65,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from zbrl.rewards import bubblewrap
+from zbrl.rewards._sandbox_runner import user_task_count
+
+logger = logging.getLogger(__name__)
+
+SandboxBackend = Literal["auto", "bwrap", "rlimits"]
+"""Which sandbox runs programs: bubblewrap namespaces, rlimits and the audit hook only, or the
+first when it works here."""
 
 TestStatus = Literal[
     "pass",
@@ -99,7 +122,14 @@ class SandboxLimits:
     continue_after_timeout: bool = False
     """Keep running the remaining tests after one times out (default: mark them skipped)."""
     network_namespace: bool = True
-    """Start the runner in an empty network namespace when ``unshare --net`` works here."""
+    """``rlimits`` backend: start the runner in an empty network namespace when ``unshare --net``
+    works here (the ``bwrap`` backend always has its own network namespace)."""
+    backend: SandboxBackend = "auto"
+    """``bwrap``, ``rlimits``, or ``auto`` (bwrap when it works here, else rlimits with a
+    warning)."""
+    max_workdir_bytes: int = 64 * 1024 * 1024
+    """``bwrap`` backend: size of the tmpfs that is the working directory (all files together);
+    the ``rlimits`` backend caps single files only."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -109,6 +139,7 @@ class SandboxLimits:
             "max_stderr_bytes": self.max_stderr_bytes,
             "max_file_bytes": self.max_file_bytes,
             "max_processes": self.max_processes,
+            "max_workdir_bytes": self.max_workdir_bytes,
         }
         if self.cpu_s is not None:
             positive["cpu_s"] = self.cpu_s
@@ -121,6 +152,11 @@ class SandboxLimits:
             raise ValueError(
                 f"SandboxLimits.memory_mb must be at least 64 (the interpreter needs it), "
                 f"got {self.memory_mb}"
+            )
+        if self.backend not in get_args(SandboxBackend):
+            raise ValueError(
+                f"SandboxLimits.backend must be one of {list(get_args(SandboxBackend))}, "
+                f"got {self.backend!r}"
             )
         if self.max_open_files < 16:
             raise ValueError(
@@ -172,7 +208,9 @@ class ProgramResult:
     pid: int | None = None
     """Process id (and process-group id) of the runner; the group is gone when this returns."""
     network_namespace: bool = False
-    """True when the program ran in an empty network namespace."""
+    """True when the program ran in a network namespace of its own."""
+    backend: Literal["bwrap", "rlimits"] = "rlimits"
+    """The backend that ran the program (``auto`` resolved)."""
     passed: list[bool] = field(init=False)
     pass_fraction: float = field(init=False)
 
@@ -282,7 +320,7 @@ def _unshare_prefix() -> tuple[str, ...]:
 
 
 def _child_env(workdir: str) -> dict[str, str]:
-    """The runner's whole environment: nothing is inherited from this process."""
+    """The runner's whole environment under ``rlimits``: nothing is inherited from this process."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -320,6 +358,12 @@ def _validate(tests: Sequence[TestCase], fn_name: str | None) -> list[str]:
     return inputs
 
 
+def check_backend(limits: SandboxLimits) -> Literal["bwrap", "rlimits"]:
+    """The backend ``limits`` resolves to here; raises :class:`SandboxUnavailableError` when
+    ``bwrap`` is asked for and does not work (``auto`` falls back with a one-time warning)."""
+    return bubblewrap.resolve_backend(limits.backend)
+
+
 def run_program(
     source: str,
     tests: Sequence[TestCase],
@@ -333,31 +377,116 @@ def run_program(
     limits = limits or SandboxLimits()
     tests = list(tests)
     inputs = _validate(tests, fn_name)
+    run = _execute(source, inputs, fn_name, limits)
+    results = [_judge(raw, test, fn_name is not None) for raw, test in zip(run.raws, tests)]
+    return ProgramResult(
+        tests=results, pid=run.pid, network_namespace=run.network_namespace, backend=run.backend
+    )
+
+
+PythonStatus = Literal["ok", "timeout", "runtime_error", "memory", "output_limit", "sandbox_error"]
+
+
+@dataclass(frozen=True)
+class PythonRun:
+    """What one program did (:func:`run_python`)."""
+
+    status: PythonStatus
+    """``ok`` when the program ran to the end and exited with status 0."""
+    stdout: str
+    """What it printed (up to ``max_output_bytes``; partial when it failed or was stopped)."""
+    stderr_tail: str
+    """The last ~2 KiB of its stderr (a traceback, a syntax error)."""
+    detail: str
+    """A short reason for a failure (exception, signal, limit)."""
+    duration_s: float
+    """Wall-clock time of the program."""
+    backend: Literal["bwrap", "rlimits"]
+    """The sandbox that ran it."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> PythonRun:
+    """Run one Python program with ``stdin`` in the sandbox and return its output.
+
+    The building block for tools (a Python interpreter in a multi-turn episode): the same
+    sandbox, limits and backends as the ``code`` reward, with the program's stdout and stderr
+    returned instead of compared.
+    """
+    if not isinstance(code, str) or not isinstance(stdin, str):
+        raise TypeError("run_python: code and stdin must be strings")
+    run = _execute(code, [stdin], None, limits or SandboxLimits())
+    raw = run.raws[0]
+    status = raw["status"]
+    if status == "skipped":  # unreachable with one input; keep the type honest
+        status = "sandbox_error"
+    return PythonRun(
+        status=status,
+        stdout=str(raw.get("stdout") or ""),
+        stderr_tail=str(raw.get("stderr") or "")[-_STDERR_TAIL_CHARS:],
+        detail=str(raw.get("detail") or ""),
+        duration_s=float(raw.get("duration") or 0.0),
+        backend=run.backend,
+    )
+
+
+@dataclass(frozen=True)
+class _Execution:
+    raws: list[dict[str, Any]]
+    pid: int | None
+    backend: Literal["bwrap", "rlimits"]
+    network_namespace: bool
+
+
+def _execute(
+    source: str, inputs: list[str], fn_name: str | None, limits: SandboxLimits
+) -> _Execution:
+    """Run the runner over ``inputs`` under the backend ``limits`` resolves to."""
+    backend = check_backend(limits)
     job_limits = asdict(limits)
     job_limits["cpu_s"] = limits.effective_cpu_s
-    job = {"source": source, "fn_name": fn_name, "inputs": inputs, "limits": job_limits}
+    job: dict[str, Any] = {"source": source, "fn_name": fn_name, "inputs": inputs}
+    job["limits"] = job_limits
+    flags = ["-I", "-S", "-B", "-X", "utf8"]
+    if backend == "bwrap":
+        # RLIMIT_NPROC counts the user's tasks on the host, which the jail's /proc cannot see.
+        uid = os.getuid()
+        job["nproc"] = None if uid == 0 else user_task_count(uid) + limits.max_processes
+        probe = bubblewrap.probe_bwrap()
+        assert probe.path is not None
+        jail = bubblewrap.jail_argv(probe.path, limits.max_workdir_bytes, str(_RUNNER))
+        command = [*jail, bubblewrap.interpreter(), *flags, bubblewrap.JAIL_RUNNER]
+        env = bubblewrap.jail_env()
+        raws, pid = _run_runner(command, "/", env, marshal.dumps(job), len(inputs), limits)
+        return _Execution(raws, pid, "bwrap", True)
     prefix = _unshare_prefix() if limits.network_namespace else ()
-    command = [*prefix, sys.executable, "-I", "-S", "-B", "-X", "utf8", str(_RUNNER)]
+    command = [*prefix, sys.executable, *flags, str(_RUNNER)]
     workdir = tempfile.mkdtemp(prefix="zbrl-sandbox-")
     try:
-        with open(os.path.join(workdir, "job.marshal"), "wb") as f:
-            marshal.dump(job, f)
-        raws, pid = _run_runner(command, workdir, len(tests), limits)
+        env = _child_env(workdir)
+        raws, pid = _run_runner(command, workdir, env, marshal.dumps(job), len(inputs), limits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    results = [_judge(raw, test, fn_name is not None) for raw, test in zip(raws, tests)]
-    return ProgramResult(tests=results, pid=pid, network_namespace=bool(prefix))
+    return _Execution(raws, pid, "rlimits", bool(prefix))
 
 
 def _run_runner(
-    command: list[str], workdir: str, n_tests: int, limits: SandboxLimits
+    command: list[str],
+    cwd: str,
+    env: dict[str, str],
+    job: bytes,
+    n_tests: int,
+    limits: SandboxLimits,
 ) -> tuple[list[dict[str, Any]], int | None]:
     try:
         proc = subprocess.Popen(
             command,
-            cwd=workdir,
-            env=_child_env(workdir),
-            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -367,13 +496,14 @@ def _run_runner(
         failure = {"status": "sandbox_error", "detail": f"cannot start the sandbox: {exc}"}
         return [dict(failure) for _ in range(n_tests)], None
     try:
-        raws = _collect(proc, n_tests, limits)
+        raws = _collect(proc, job, n_tests, limits)
     finally:
         _kill_group(proc)
         proc.wait()
-        for stream in (proc.stdout, proc.stderr):
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
-                stream.close()
+                with contextlib.suppress(OSError):
+                    stream.close()
         _wait_group_gone(proc.pid)
     return raws, proc.pid
 
@@ -400,10 +530,15 @@ def _wait_group_gone(pgid: int, timeout_s: float = 2.0) -> None:
         time.sleep(0.01)
 
 
-def _collect(proc: subprocess.Popen, n_tests: int, limits: SandboxLimits) -> list[dict[str, Any]]:
-    """Read the runner's reports, enforcing the startup, per-test and total deadlines."""
-    assert proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+def _collect(
+    proc: subprocess.Popen, job: bytes, n_tests: int, limits: SandboxLimits
+) -> list[dict[str, Any]]:
+    """Send the job to the runner's stdin and read its reports, enforcing the startup, per-test
+    and total deadlines (writing never blocks, so a runner that stalls cannot hang this)."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    in_fd, out_fd, err_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+    os.set_blocking(in_fd, False)
+    pending = memoryview(job)
     raws: list[dict[str, Any] | None] = [None] * n_tests
     start = time.monotonic()
     deadline = start + _STARTUP_S
@@ -417,6 +552,7 @@ def _collect(proc: subprocess.Popen, n_tests: int, limits: SandboxLimits) -> lis
     overrun: str | None = None
     open_fds = 2
     with selectors.DefaultSelector() as sel:
+        sel.register(in_fd, selectors.EVENT_WRITE)
         sel.register(out_fd, selectors.EVENT_READ)
         sel.register(err_fd, selectors.EVENT_READ)
         while open_fds:
@@ -425,6 +561,17 @@ def _collect(proc: subprocess.Popen, n_tests: int, limits: SandboxLimits) -> lis
                 overrun = "timeout" if ready else "startup"
                 break
             for key, _ in sel.select(remaining):
+                if key.fd == in_fd:
+                    try:
+                        pending = pending[os.write(in_fd, pending[: 1 << 16]) :]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the runner is gone; its stderr says why
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(in_fd)
+                        proc.stdin.close()
+                    continue
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     sel.unregister(key.fd)
