@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
 
-.PHONY: setup test lint format demo bench clean setup-vllm test-vllm setup-peers test-peers
+.PHONY: setup bubblewrap test lint format demo bench clean setup-vllm test-vllm setup-peers test-peers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,7 +15,19 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) bubblewrap
+
+# bubblewrap gives the code sandbox its namespaces (docs/sandbox.md). Installed with apt-get where
+# that works (root, or sudo without a password); elsewhere a note, never a failure: the sandbox
+# then falls back to rlimits with a warning.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n") && \
+		{ $$SUDO apt-get install -y -qq bubblewrap || \
+			{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; } \
+		>/dev/null 2>&1; } || \
+		echo "note: bubblewrap is not installed, so the code sandbox falls back to rlimits;" \
+			"install it with your package manager (apt-get install bubblewrap; docs/sandbox.md)"
 
 test: setup
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q tests
