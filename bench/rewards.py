@@ -2,6 +2,7 @@
 
     python bench/rewards.py            # ~500 math responses per reward, 32 programs for code
     python bench/rewards.py --quick    # ~100 math responses, 8 programs, 1 run
+    python bench/rewards.py --code     # the code reward and the sandbox backends only
 
 Math responses come in GRPO-like groups (8 responses per prompt, the gold answer shared): ~40%
 correct in varied forms (fractions, decimals, thousands separators, LaTeX), ~30% wrong, ~30%
@@ -10,7 +11,10 @@ Modes: ``worker`` is the default (math_verify in a worker process under a 5 s de
 check of a batch in one round trip); ``worker 1-by-1`` scores the same batch one response per
 call (one round trip each: how producers scored before batching); ``in-process`` is
 ``timeout_s=None`` (static guard only). ``code`` runs small stdin/stdout
-programs in the sandbox (``zbrl.rewards.code``) when it is installed.
+programs in the sandbox (``zbrl.rewards.code``), once per sandbox backend (``bwrap`` only where
+bubblewrap works). Last, the per-program cost of each backend: the median wall time of one trivial
+program (``run_python("print(1)")``), the backends interleaved, and bwrap's as a ratio of
+rlimits'.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from zbrl.rewards import RewardContext, build_reward
+from zbrl.rewards.bubblewrap import probe_bwrap
+from zbrl.rewards.sandbox import SandboxLimits, run_python
 
 GROUP = 8
 
@@ -127,16 +133,38 @@ def measure(
     return n, statistics.median(times), statistics.mean(means)
 
 
+def sandbox_backends() -> list[str]:
+    probe = probe_bwrap()
+    if not probe.works:
+        print(f"bwrap: not usable here ({probe.error})")
+        return ["rlimits"]
+    return ["rlimits", "bwrap"]
+
+
+def program_overhead(backends: list[str], runs: int) -> dict[str, float]:
+    """Median seconds of one trivial program per backend (the backends interleaved)."""
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    for _ in range(runs + 1):  # the first round warms up
+        for backend in backends:
+            limits = SandboxLimits(backend=backend)  # type: ignore[arg-type]
+            start = time.perf_counter()
+            run = run_python("print(1)", "", limits)
+            times[backend].append(time.perf_counter() - start)
+            assert run.ok and run.backend == backend, run
+    return {b: statistics.median(t[1:]) for b, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer responses, one run")
+    parser.add_argument("--code", action="store_true", help="the code reward and sandbox only")
     args = parser.parse_args()
     runs = 1 if args.quick else 3
     n_math = 96 if args.quick else 496
     n_code = 8 if args.quick else 32
 
     rows = []
-    for name in ("think_answer_tags", "boxed"):
+    for name in () if args.code else ("think_answer_tags", "boxed"):
         modes = (("worker", 5.0), ("worker 1-by-1", 5.0), ("in-process", None))
         for k, (mode, timeout_s) in enumerate(modes):
             reward = build_reward(name, timeout_s=timeout_s)
@@ -146,23 +174,28 @@ def main() -> None:
                 reward, lambda seed, name=name: math_batch(name, n_math, seed), runs, 1000 * k
             )
             rows.append((name, mode, n, seconds, n / seconds, mean))
-    try:
-        code = build_reward("code")
-    except ImportError:
-        code = None
-        print("code: not available")
-    if code is not None:
+    backends = sandbox_backends()
+    for backend in backends:
+        code = build_reward("code", limits={"backend": backend})
         n, seconds, mean = measure(code, lambda seed: code_batch(n_code, seed), runs)
-        rows.append(("code", "sandbox", n, seconds, n / seconds, mean))
+        rows.append(("code", f"sandbox {backend}", n, seconds, n / seconds, mean))
 
     print(f"reward scoring throughput (median of {runs} run{'s' * (runs > 1)})")
     header = (
-        f"{'reward':<18} {'mode':<13} {'responses':>9} {'seconds':>9} {'resp/s':>9} {'mean r':>7}"
+        f"{'reward':<18} {'mode':<15} {'responses':>9} {'seconds':>9} {'resp/s':>9} {'mean r':>7}"
     )
     print(header)
     print("-" * len(header))
     for name, mode, n, seconds, rate, mean in rows:
-        print(f"{name:<18} {mode:<13} {n:>9} {seconds:>9.3f} {rate:>9.1f} {mean:>7.3f}")
+        print(f"{name:<18} {mode:<15} {n:>9} {seconds:>9.3f} {rate:>9.1f} {mean:>7.3f}")
+
+    overhead_runs = 10 if args.quick else 60
+    medians = program_overhead(backends, overhead_runs)
+    print(f"\none trivial program (median of {overhead_runs}, backends interleaved)")
+    for backend, seconds in medians.items():
+        print(f"  {backend:<8} {seconds * 1000:7.1f} ms")
+    if "bwrap" in medians:
+        print(f"  bwrap / rlimits = {medians['bwrap'] / medians['rlimits']:.2f}")
 
 
 if __name__ == "__main__":
