@@ -175,7 +175,7 @@ def test_missing_local_path_is_a_dataset_error(tmp_path):
 
 
 def test_config_refuses_conflicting_or_missing_sources(tmp_path):
-    with pytest.raises(ConfigError, match="train_path .* and data.source .* are both set"):
+    with pytest.raises(ConfigError, match=r"train_path .* and data.source .* are both set"):
         load_config(None, ["data.train_path=x.jsonl", "data.source={type: hf, path: d}"])
     with pytest.raises(ConfigError, match="evaluates the embedded arithmetic task"):
         load_config(None, ["data.source={type: hf, path: d}"])
