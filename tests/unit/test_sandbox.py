@@ -798,3 +798,14 @@ def test_run_programs_keeps_order_and_handles_empty_input() -> None:
     assert [r.statuses[0] for r in results] == ["pass", "pass", "wrong_answer"] + ["pass"] * 3
     with pytest.raises(ValueError, match="max_workers"):
         run_programs(candidates, LIMITS, max_workers=0)
+
+
+def test_bwrap_gets_rlimit_nproc_from_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jail's /proc shows only the jail, so for a non-root user the parent counts the user's
+    tasks on the host and sends ``RLIMIT_NPROC`` with the job."""
+    require_bwrap()
+    monkeypatch.setattr(sandbox.os, "getuid", lambda: 1000)
+    monkeypatch.setattr(sandbox, "user_task_count", lambda uid: 40 if uid == 1000 else -1)
+    source = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC))\n"
+    run = run_python(source, limits=limits_for("bwrap", max_processes=7))
+    assert (run.status, run.stdout) == ("ok", "(47, 47)\n")
