@@ -809,3 +809,16 @@ def test_bwrap_gets_rlimit_nproc_from_the_parent(monkeypatch: pytest.MonkeyPatch
     source = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC))\n"
     run = run_python(source, limits=limits_for("bwrap", max_processes=7))
     assert (run.status, run.stdout) == ("ok", "(47, 47)\n")
+
+
+def test_jail_uses_newer_bwrap_options_only_when_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bubblewrap, "supported_options", lambda path: frozenset())
+    old = bubblewrap.jail_argv(f"/old/{uuid.uuid4().hex}/bwrap", 4096, None)
+    assert "--size" not in old and "--disable-userns" not in old
+    assert old[-5:] == ("--remount-ro", "/dev", "--remount-ro", "/", "--")
+    both = frozenset({"--size", "--disable-userns"})
+    monkeypatch.setattr(bubblewrap, "supported_options", lambda path: both)
+    new = bubblewrap.jail_argv(f"/new/{uuid.uuid4().hex}/bwrap", 4096, "/r.py")
+    assert new[new.index("--size") + 1 : new.index("--size") + 4] == ("4096", "--tmpfs", "/tmp")
+    assert "--disable-userns" in new
+    assert new[new.index("/r.py") + 1] == bubblewrap.JAIL_RUNNER

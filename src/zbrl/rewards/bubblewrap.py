@@ -94,19 +94,33 @@ def _interpreter_dirs() -> list[str]:
     return dirs
 
 
+OPTIONAL_OPTIONS = ("--disable-userns", "--size")
+"""Options newer than some distributions' bwrap (``--disable-userns`` came with 0.8, ``--size``
+with 0.7): used when ``bwrap --help`` lists them. Without ``--size`` the working directory has no
+total cap; without ``--disable-userns`` the program could make nested user namespaces."""
+
+
+@lru_cache(maxsize=8)
+def supported_options(bwrap: str) -> frozenset[str]:
+    """Which of ``OPTIONAL_OPTIONS`` this ``bwrap`` knows (from its ``--help``)."""
+    try:
+        help_text = subprocess.run(
+            [bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    words = set(help_text.split())
+    return frozenset(option for option in OPTIONAL_OPTIONS if option in words)
+
+
 @lru_cache(maxsize=8)
 def jail_argv(bwrap: str, workdir_bytes: int, runner: str | None) -> tuple[str, ...]:
     """The ``bwrap`` command line up to and including ``--``; the command to jail follows it."""
-    argv = [
-        bwrap,
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--as-pid-1",
-        "--cap-drop",
-        "ALL",
-    ]
+    options = supported_options(bwrap)
+    argv = [bwrap, "--unshare-all", "--unshare-user"]
+    if "--disable-userns" in options:
+        argv.append("--disable-userns")
+    argv += ["--die-with-parent", "--as-pid-1", "--cap-drop", "ALL"]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
@@ -118,7 +132,9 @@ def jail_argv(bwrap: str, workdir_bytes: int, runner: str | None) -> tuple[str, 
     for path in _interpreter_dirs():
         argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(workdir_bytes), "--tmpfs", JAIL_WORKDIR, "--chdir", JAIL_WORKDIR]
+    if "--size" in options:
+        argv += ["--size", str(workdir_bytes)]
+    argv += ["--tmpfs", JAIL_WORKDIR, "--chdir", JAIL_WORKDIR]
     if runner is not None:
         argv += ["--ro-bind", runner, JAIL_RUNNER]
     # bwrap makes its root and /dev tmpfs mounts without a size: only /tmp stays writable
