@@ -104,7 +104,7 @@ def open_hf_split(path: str, *, split: str, name: str | None = None, where: str 
     """The ``datasets.Dataset`` of ``split``: a saved dataset, local data files, or a hub name."""
     import datasets
 
-    local = Path(path)
+    local = Path(path).expanduser()
     if is_saved_dataset(local):
         loaded = datasets.load_from_disk(str(local))
         return _pick_split(loaded, split, path, where)
