@@ -10,6 +10,7 @@ import torch
 
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig
+from zbrl.errors import RunError
 
 
 def quiet_transformers() -> None:
@@ -58,7 +59,7 @@ def check_backend_installed(cfg: RunConfig) -> None:
     from zbrl.rollout.backends.vllm_backend import INSTALL_HINT, vllm_available
 
     if cfg.rollout.backend.type == "vllm" and not vllm_available():
-        raise RuntimeError(
+        raise RunError(
             f"rollout.backend.type=vllm, but vLLM is not installed in this environment "
             f"({sys.executable}): {INSTALL_HINT}"
         )

@@ -12,7 +12,8 @@ class EvalConfig(Section):
     """Named eval sets, sampling and cadence."""
 
     sets: dict[str, str] = Field(default_factory=lambda: {"heldout": EMBEDDED})
-    """Eval sets as ``{name: path}``; ``embedded`` is the synthetic task's held-out split."""
+    """Eval sets as ``{name: path}``; ``embedded`` is the synthetic task's held-out split,
+    ``held_out`` the held-out split of the training data (of ``data.source`` when it is set)."""
     interval: int = Field(default=0, ge=0)
     """Evaluate every N training steps, plus at start and end (0: only start and end)."""
     at_start: bool = True

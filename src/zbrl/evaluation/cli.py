@@ -43,27 +43,29 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from zbrl.assembly.datasets import encode_prompts, eval_ref
-    from zbrl.assembly.models import build_backend, quiet_transformers
+    from zbrl.assembly.models import build_backend, load_tokenizer, quiet_transformers
     from zbrl.assembly.rewards import build_reward_fn
     from zbrl.assembly.settings import eval_sampling_params
     from zbrl.evaluation.evaluator import EvalSet, evaluate_set
+    from zbrl.launch.preflight import check_eval_inputs
 
     quiet_transformers()
     model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model_dir}: not a model directory (no config.json)")
     cfg = load_config(args.recipe, eval_overrides(args))
+    named = [_named(spec) for spec in args.data]
+    check_eval_inputs(cfg, model_dir, named)  # model, tokenizer, packages, reward, data files
+    tokenizer = load_tokenizer(cfg, model_dir)  # every set is encoded before the model loads
+    sets = [
+        (name, encode_prompts(eval_ref(cfg, path), cfg, tokenizer, limit=cfg.eval.max_prompts)[0])
+        for name, path in named
+    ]
     backend = build_backend(cfg, model_dir, model_dir)
     reward = build_reward_fn(cfg)
     params = eval_sampling_params(cfg)
     out_dir = Path(args.out) if args.out else None
     rows = []
     torch.manual_seed(0)
-    for spec in args.data:
-        name, path = _named(spec)
-        prompts, _ = encode_prompts(
-            eval_ref(cfg, path), cfg, backend.tokenizer, limit=cfg.eval.max_prompts
-        )
+    for name, prompts in sets:
         start = time.time()
         with tqdm(total=len(prompts), desc=f"eval {name}", unit="prompt") as bar:
             metrics, records = evaluate_set(
