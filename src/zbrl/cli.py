@@ -149,7 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USER_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+"""File-system errors that come from a path the user gave; printed as ``error:`` lines."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user's mistake (a config, a path, a dataset line, a missing package)
+    ends in one ``error: ...`` line and a non-zero exit (2 for the config, 1 otherwise), never a
+    traceback; ``zbrl train``/``resume``/``demo`` check everything before they create or lock a
+    run directory (:mod:`zbrl.launch.preflight`)."""
     from zbrl.config import ConfigError
     from zbrl.data.dataset import DatasetError
     from zbrl.errors import RunError
@@ -166,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunInterrupted as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
-    except (RunError, FileNotFoundError, DatasetError) as exc:
+    except (RunError, DatasetError, *USER_OS_ERRORS) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Interrupted as exc:

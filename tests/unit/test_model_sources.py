@@ -53,7 +53,11 @@ def no_template_dir(tmp_path_factory, tiny_dir) -> Path:
 
 def cfg_for(path, cache: Path, **model) -> RunConfig:
     return RunConfig.model_validate(
-        {"model": {"path": str(path), **model}, "logging": {"cache_dir": str(cache)}}
+        {
+            "model": {"path": str(path), **model},
+            "data": {"allow_embedded_task_with_user_model": True},
+            "logging": {"cache_dir": str(cache)},
+        }
     )
 
 
@@ -242,6 +246,7 @@ def test_train_with_an_offline_hub_id_is_an_error_line_and_claims_no_run_dir(
             "train",
             str(REPO / "recipes" / "demo.yaml"),
             "model.path=some-org/some-model",
+            "data.allow_embedded_task_with_user_model=true",  # reach the model check
             f"logging.run_dir={run_dir}",
             f"logging.cache_dir={tmp_path / 'cache'}",
         ]

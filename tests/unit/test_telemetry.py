@@ -302,19 +302,19 @@ def test_multisink_fans_out_and_closes_all():
     assert a.closed and b.closed
 
 
-def test_optional_sinks_name_their_package_when_missing():
+def test_optional_sinks_name_their_extra_when_missing():
     pytest.importorskip("torch")
     from zbrl.telemetry import TensorBoardSink, WandbSink
 
     try:
         import wandb  # noqa: F401
     except ImportError:
-        with pytest.raises(ImportError, match="pip install wandb"):
+        with pytest.raises(ImportError, match=r"pip install 'zbrl\[wandb\]'"):
             WandbSink("proj", "run")
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        with pytest.raises(ImportError, match="pip install tensorboard"):
+        with pytest.raises(ImportError, match=r"pip install 'zbrl\[tensorboard\]'"):
             TensorBoardSink("/tmp/unused-tb")
 
 

@@ -12,7 +12,8 @@ from zbrl.config.algorithm import (
     GspoLoss,
     ReinforcePPAdvantage,
 )
-from zbrl.config.data import check_eval_sources, check_reasoning_gym_reward
+from zbrl.config.data import HELD_OUT, check_eval_sources, check_reasoning_gym_reward
+from zbrl.config.model import EMBEDDED
 from zbrl.config.rewards import LengthShapingOptions
 
 if TYPE_CHECKING:
@@ -274,6 +275,33 @@ def check_step_start_pass(cfg: RunConfig) -> None:
         )
 
 
+def check_embedded_task_with_user_model(cfg: RunConfig) -> None:
+    """A model of the user's is not trained or evaluated on the embedded synthetic task unless
+    ``data.allow_embedded_task_with_user_model`` says so (the defaults would do it silently)."""
+    data = cfg.data
+    if cfg.model.path == EMBEDDED or data.allow_embedded_task_with_user_model:
+        return
+    model = f"model.path={cfg.model.path!r} is not the embedded model"
+    opt_in = (
+        "or set data.allow_embedded_task_with_user_model=true to use the arithmetic task anyway "
+        "(for example with a checkpoint of an embedded run)"
+    )
+    if data.trains_on_embedded:
+        raise ValueError(
+            f"{model}, but data.train_path is {EMBEDDED!r} (zbrl's synthetic arithmetic task): "
+            "set data.train_path to your conversation JSONL or Parquet file, or "
+            "data.source to a Hugging Face or reasoning-gym source (docs/datasets.md); " + opt_in
+        )
+    embedded_sets = sorted(name for name, value in cfg.eval.sets.items() if value == EMBEDDED)
+    if embedded_sets:
+        sets = ", ".join(f"eval.sets.{name}" for name in embedded_sets)
+        raise ValueError(
+            f"{model}, but {sets} evaluates the embedded arithmetic task ({EMBEDDED!r}): name "
+            f"your held-out file (eval.sets={{NAME: PATH}}, or {{NAME: "
+            f"{HELD_OUT}}} with data.source) or set eval.sets={{}}; " + opt_in
+        )
+
+
 RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_train_batching,
     check_inference_batching,
@@ -291,4 +319,5 @@ RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     check_step_start_pass,
     check_eval_sources,
     check_reasoning_gym_reward,
+    check_embedded_task_with_user_model,
 )

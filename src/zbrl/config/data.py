@@ -163,6 +163,11 @@ class DataConfig(Section):
     """Use only the first N prompts of the dataset (quick runs); None uses all."""
     synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
     """Settings of the embedded task."""
+    allow_embedded_task_with_user_model: bool = False
+    """Let a model other than the embedded one (``model.path`` not ``embedded``) train or be
+    evaluated on the embedded synthetic arithmetic task. Off, such a run is refused: a user model
+    left with the default ``train_path`` or ``eval.sets`` would silently learn toy arithmetic.
+    Turn it on for a checkpoint of an embedded run, or to try a real model on the task."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

@@ -27,10 +27,13 @@ class LoggingConfig(Section):
     rollouts_per_log: int = Field(default=4, ge=1)
     """Groups decoded into rollouts.jsonl each time."""
     wandb: bool = False
-    """Log metrics to Weights & Biases (needs ``pip install wandb``)."""
+    """Log metrics to Weights & Biases (needs the ``wandb`` extra: ``pip install 'zbrl[wandb]'``,
+    and ``wandb login``); a run asking for it without the package is refused before it starts."""
     wandb_project: str = "zbrl"
     """Weights & Biases project."""
     tensorboard: bool = False
-    """Log metrics to TensorBoard under RUN_DIR/tb (needs ``pip install tensorboard``)."""
+    """Log metrics to TensorBoard under RUN_DIR/tb (needs the ``tensorboard`` extra:
+    ``pip install 'zbrl[tensorboard]'``); a run asking for it without the package is refused
+    before it starts."""
     progress: bool = True
     """Show a progress bar on the driver."""

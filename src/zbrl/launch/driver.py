@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +17,23 @@ from zbrl.assembly.datasets import encode_prompts
 from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
-from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.monitor import RunMonitor, local_sinks, remote_sinks
 from zbrl.launch.placement import record_placement
 from zbrl.launch.preflight import preflight
 from zbrl.launch.ray_setup import init_ray
 from zbrl.launch.resume import truncate_logs
-from zbrl.launch.run_dir import claim_run_dir, lock_existing_run_dir
+from zbrl.launch.run_dir import (
+    check_resumable_run_dir,
+    check_run_dir,
+    claim_run_dir,
+    lock_existing_run_dir,
+)
 from zbrl.launch.signals import StopSignals, exit_code
 from zbrl.launch.spawn import Spawner, StartPoint, Workers, create_workers
 from zbrl.launch.steps import planned_steps, steps_notice
 from zbrl.launch.supervisor import Outcome, Supervisor
 from zbrl.telemetry.idle import percentile
+from zbrl.telemetry.metrics import MetricsSink, MultiSink
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
 from zbrl.training.checkpoint import Checkpoint, find_latest, load_state
 from zbrl.transport.clients import BufferClient, HubClient
@@ -55,40 +62,88 @@ def run_training(
     Otherwise a run dir that holds checkpoints is refused (RunDirHasCheckpoints), unless
     ``sibling_if_used``, which gives the run a fresh sibling (as for a finished run without
     checkpoints). Raises RunInterrupted after a clean stop on SIGINT/SIGTERM, RunFailed when a
-    worker failed."""
-    from zbrl.assembly.models import check_backend_installed, quiet_transformers
-    from zbrl.assembly.rewards import check_reward
+    worker failed.
+
+    Nothing is claimed before the checks: the pre-flight checks, the run dir's refusals, the model
+    and tokenizer, every prompt of every dataset (loaded, validated and encoded) and the wandb run
+    all come first; a start that fails in any of them leaves no run directory behind."""
+    from zbrl.assembly.models import quiet_transformers
 
     quiet_transformers()
-    check_backend_installed(cfg)  # a missing vLLM fails here, with the install command
-    check_reward(cfg)  # a reward that cannot be built fails here, before any file or worker
-    preflight(cfg)  # so does an unreachable address or a missing GPU
-    with prepare_run_dir(cfg, resume, sibling_if_used) as run_dir:
+    preflight(cfg)  # packages, reward, data files, addresses, GPUs, model and tokenizer
+    check_run_dir_of(cfg, resume, sibling_if_used)  # in use, or holding checkpoints
+    inputs = prepare_inputs(cfg, resume)  # a bad dataset line or an empty dataset fails here
+    with contextlib.ExitStack() as stack:
+        remote = [stack.enter_context(contextlib.closing(s)) for s in remote_sinks(cfg)]
+        run_dir = stack.enter_context(prepare_run_dir(cfg, resume, sibling_if_used))
+        local = [stack.enter_context(contextlib.closing(s)) for s in local_sinks(cfg, run_dir)]
         print(f"[zbrl] run dir: {run_dir}", flush=True)
-        summary = _train(cfg, run_dir, resume)
+        summary = _train(cfg, run_dir, inputs, MultiSink([*local, *remote]))
     return {**summary, "run_dir": str(run_dir)}
 
 
-def _train(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunInputs:
+    """What the workers start from, all prepared before the run directory is claimed."""
+
+    artifacts: Artifacts
+    """Model, tokenizer and dataset locations."""
+    train_prompts: list[EncodedPrompt]
+    """Every training prompt, encoded with the chat template."""
+    eval_sets: dict[str, list[EncodedPrompt]]
+    """Every eval set's prompts, encoded."""
+    total_steps: int
+    """Train steps the run will take."""
+    start: StartPoint
+    """Weights and version the workers start from."""
+    buffer_state: dict[str, Any] | None
+    """The rollout buffer's state to restore (a resumed run), else None."""
+    resume: Checkpoint | None
+    """The checkpoint a resumed run continues from, else None."""
+
+
+def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
+    """Build or fetch the model, load and encode every dataset, count the steps."""
     artifacts = prepare_artifacts(cfg)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts)
     total_steps = planned_steps(cfg, len(train_prompts))
     if (notice := steps_notice(cfg, len(train_prompts))) is not None:
         print(notice, flush=True)
     start, buffer_state = start_point(artifacts, resume)
+    return RunInputs(artifacts, train_prompts, eval_sets, total_steps, start, buffer_state, resume)
+
+
+def check_run_dir_of(cfg: RunConfig, resume: Checkpoint | None, sibling_if_used: bool) -> None:
+    """Refuse a run dir that :func:`prepare_run_dir` would refuse, without creating it."""
+    if resume is not None:
+        check_resumable_run_dir(Path(cfg.run_dir))
+    else:
+        check_run_dir(Path(cfg.run_dir), sibling_if_used=sibling_if_used)
+
+
+def _train(cfg: RunConfig, run_dir: Path, inputs: RunInputs, sink: MetricsSink) -> dict[str, Any]:
     started_ray = init_ray(cfg)
     workers: Workers | None = None
     with StopSignals() as signals:  # after ray.init, which installs its own SIGTERM handler
         try:
             workers, spawner = create_workers(
-                cfg, artifacts, run_dir, train_prompts, eval_sets, total_steps, start, buffer_state
+                cfg,
+                inputs.artifacts,
+                run_dir,
+                inputs.train_prompts,
+                inputs.eval_sets,
+                inputs.total_steps,
+                inputs.start,
+                inputs.buffer_state,
             )
             wait_until_ready(cfg, workers)
             record_placement(cfg, workers, run_dir)
             hub = HubClient(RayHandle(workers.hub))
-            monitor = RunMonitor(cfg, run_dir, hub, total_steps, start_step=start.version)
+            monitor = RunMonitor(
+                cfg, run_dir, hub, inputs.total_steps, start_step=inputs.start.version, sink=sink
+            )
             try:
-                return execute(cfg, workers, spawner, monitor, run_dir, signals, resume)
+                return execute(cfg, workers, spawner, monitor, run_dir, signals, inputs.resume)
             finally:
                 monitor.close()
         except Exception as exc:
@@ -142,11 +197,28 @@ def encode_datasets(
         f"{stats['truncated']}, skipped lines {stats['skipped_lines']})",
         flush=True,
     )
-    evals = {
-        name: encode_prompts(path, cfg, tokenizer, limit=cfg.eval.max_prompts)[0]
-        for name, path in artifacts.eval_paths.items()
-    }
+    check_prompts_left(train, stats, "data.train_path", artifacts.train_path, cfg)
+    evals = {}
+    for name, path in artifacts.eval_paths.items():
+        evals[name], eval_stats = encode_prompts(path, cfg, tokenizer, limit=cfg.eval.max_prompts)
+        check_prompts_left(evals[name], eval_stats, f"eval.sets.{name}", path, cfg)
     return train, evals
+
+
+def check_prompts_left(
+    prompts: list[EncodedPrompt], stats: dict[str, Any], field: str, where: Any, cfg: RunConfig
+) -> None:
+    """A RunError when encoding left a set without prompts (a run would wait for them forever)."""
+    if prompts:
+        return
+    dropped = stats["dropped"]
+    why = (
+        f"all {dropped} were longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens} "
+        "with the chat template applied: raise it, or set data.overlong_prompt=left_truncate"
+        if dropped
+        else "it holds no prompts (an empty file, or every line skipped): give it some"
+    )
+    raise RunError(f"{field}: no prompts are left in {where}: {why}")
 
 
 def wait_until_ready(cfg: RunConfig, workers: Workers, timeout_s: float = 900.0) -> None:

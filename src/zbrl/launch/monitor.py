@@ -40,13 +40,17 @@ class RunMonitor:
         hub: HubClient,
         total_steps: int,
         start_step: int = 0,
+        sink: MetricsSink | None = None,
     ) -> None:
-        """``start_step``: the step a resumed run continues from (its logs continue there)."""
+        """``start_step``: the step a resumed run continues from (its logs continue there).
+        ``sink``: where metrics go, owned (closed) by the caller; None builds the configured
+        sinks (:func:`local_sinks` and :func:`remote_sinks`), closed by :meth:`close`."""
         self.cfg = cfg
         self.run_dir = run_dir
         self.hub = hub
         self.timeline = TimelineWriter(run_dir)
-        self.sink = _build_sinks(cfg, run_dir)
+        self._owns_sink = sink is None
+        self.sink = sink or MultiSink([*local_sinks(cfg, run_dir), *remote_sinks(cfg)])
         self.recent: deque[Span] = deque()
         """Spans that ended within ``LIVE_WINDOW_S`` of the newest one."""
         self._newest_end = -math.inf
@@ -116,7 +120,8 @@ class RunMonitor:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        self.sink.close()
+        if self._owns_sink:
+            self.sink.close()
 
     def _advance(self, step: int, metrics: dict[str, float]) -> None:
         if self._bar is not None and step > self.latest_step:
@@ -155,17 +160,25 @@ def _idle_by_role(spans, start: float, end: float) -> dict[str, float]:
     return out
 
 
-def _build_sinks(cfg: RunConfig, run_dir: Path) -> MetricsSink:
+def local_sinks(cfg: RunConfig, run_dir: Path) -> list[MetricsSink]:
+    """The sinks that write into the run directory: metrics.jsonl, and TensorBoard when
+    ``logging.tensorboard``."""
     sinks: list[MetricsSink] = [JsonlSink(run_dir)]
     if cfg.logging.tensorboard:
         from zbrl.telemetry.metrics import TensorBoardSink
 
         sinks.append(TensorBoardSink(run_dir / "tb"))
-    if cfg.logging.wandb:
-        from zbrl.telemetry.metrics import WandbSink
+    return sinks
 
-        sinks.append(WandbSink(cfg.logging.wandb_project, cfg.name, cfg.model_dump(mode="json")))
-    return MultiSink(sinks)
+
+def remote_sinks(cfg: RunConfig) -> list[MetricsSink]:
+    """The sinks that need no run directory: Weights & Biases when ``logging.wandb``. The driver
+    opens them before it claims the run directory, so a failed ``wandb.init`` claims nothing."""
+    if not cfg.logging.wandb:
+        return []
+    from zbrl.telemetry.metrics import WandbSink
+
+    return [WandbSink(cfg.logging.wandb_project, cfg.name, cfg.model_dump(mode="json"))]
 
 
 def _progress_bar(cfg: RunConfig, total: int, initial: int):

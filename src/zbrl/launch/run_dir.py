@@ -5,6 +5,11 @@ drops it when the process ends, however it ends). A second run configured with t
 is refused while the first holds it. A configured directory that holds a finished run is left as
 it is and the run gets a fresh sibling, ``NAME-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when that
 name is taken), created with an exclusive ``mkdir`` so two runs never get the same one.
+
+Nothing is created before a run's checks have passed: :func:`check_run_dir` refuses what
+:func:`claim_run_dir` would refuse (a live run in it, earlier checkpoints, a path that cannot be
+a directory) without touching the file system, so the driver calls it first and claims the
+directory only when everything else is ready.
 """
 
 from __future__ import annotations
@@ -68,6 +73,72 @@ def holds_a_run(run_dir: Path) -> bool:
     return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
 
 
+def check_run_dir(configured: Path, sibling_if_used: bool = False) -> None:
+    """Refuse, without creating or changing anything, what :func:`claim_run_dir` would refuse:
+    a path that is a file or cannot be created, checkpoints of an earlier run (unless
+    ``sibling_if_used``), a live run holding it. A finished run in it is no refusal (the run
+    gets a sibling)."""
+    if configured.exists() and not configured.is_dir():
+        raise RunError(
+            f"run dir {configured} is a file; give the run a directory (name=OTHER or "
+            "logging.run_dir=PATH)"
+        )
+    _check_creatable(configured)
+    if not sibling_if_used:
+        _refuse_checkpoints(configured)
+    if _held_by_a_run(configured):
+        raise RunDirInUse(_in_use_message(configured))
+
+
+def check_resumable_run_dir(run_dir: Path) -> None:
+    """Refuse, without changing anything, what :func:`lock_existing_run_dir` would refuse."""
+    if not run_dir.is_dir():
+        raise RunError(f"run dir {run_dir} does not exist")
+    if _held_by_a_run(run_dir):
+        raise RunDirInUse(_in_use_message(run_dir))
+
+
+def _check_creatable(configured: Path) -> None:
+    """The nearest existing ancestor of ``configured`` is a directory this process may write."""
+    ancestor = configured.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise RunError(
+            f"run dir {configured} cannot be created: {ancestor} is a file; give the run another "
+            "directory (logging.run_dir=PATH)"
+        )
+    if ancestor != configured.absolute() and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise RunError(
+            f"run dir {configured} cannot be created: {ancestor} is not writable by this user; "
+            "give the run a directory you can write (logging.run_dir=PATH)"
+        )
+
+
+def _held_by_a_run(run_dir: Path) -> bool:
+    """Whether a live run holds ``run_dir``'s lock (read-only: no lock file is created)."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: no run has ever held it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _refuse_checkpoints(configured: Path) -> None:
+    if has_checkpoints(configured / CHECKPOINTS):
+        raise RunDirHasCheckpoints(
+            f"run dir {configured} holds checkpoints of an earlier run ({configured / CHECKPOINTS})"
+            f"; continue that run with `zbrl resume {configured}`, or start a new one in another "
+            "directory (name=OTHER or logging.run_dir=PATH)"
+        )
+
+
 def claim_run_dir(
     configured: Path, now: float | None = None, sibling_if_used: bool = False
 ) -> tuple[Path, RunDirLock]:
@@ -79,12 +150,8 @@ def claim_run_dir(
     None.
     """
     configured.parent.mkdir(parents=True, exist_ok=True)
-    if not sibling_if_used and has_checkpoints(configured / CHECKPOINTS):
-        raise RunDirHasCheckpoints(
-            f"run dir {configured} holds checkpoints of an earlier run ({configured / CHECKPOINTS})"
-            f"; continue that run with `zbrl resume {configured}`, or start a new one in another "
-            "directory (name=OTHER or logging.run_dir=PATH)"
-        )
+    if not sibling_if_used:
+        _refuse_checkpoints(configured)
     if not holds_a_run(configured):
         configured.mkdir(exist_ok=True)
         lock = try_lock(configured)

@@ -3,8 +3,10 @@
 Every sink takes ``log(step, {name: float})`` and ``close()``. ``JsonlSink`` writes
 ``RUN_DIR/metrics.jsonl``, one object per call: ``{"step": n, "time": unix_seconds, name: value,
 ...}``, values as floats, non-finite values (NaN, ±inf) as ``null`` so the file stays strict JSON.
-TensorBoard and wandb are imported only when their sink is built; a missing package is an
-``ImportError`` that names the package to install.
+TensorBoard and wandb are zbrl extras (``pip install 'zbrl[tensorboard]'`` / ``'zbrl[wandb]'``),
+imported only when their sink is built; a missing package is an ``ImportError`` that names the
+extra. A run checks for them before it starts (:mod:`zbrl.launch.preflight`), so these errors
+are for direct use of the sinks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
+
+from zbrl.errors import RunError
 
 METRICS_FILE = "metrics.jsonl"
 _RESERVED = ("step", "time")
@@ -109,8 +113,8 @@ class TensorBoardSink:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise ImportError(
-                "TensorBoardSink needs the 'tensorboard' package (pip install tensorboard), "
-                f"or drop the tensorboard sink from the config ({e})"
+                "TensorBoardSink needs the 'tensorboard' package: install zbrl's tensorboard "
+                f"extra (pip install 'zbrl[tensorboard]'), or set logging.tensorboard=false ({e})"
             ) from e
         self._writer = SummaryWriter(log_dir=str(log_dir))
 
@@ -133,10 +137,17 @@ class WandbSink:
             import wandb
         except ImportError as e:
             raise ImportError(
-                "WandbSink needs the 'wandb' package (pip install wandb), "
-                f"or drop the wandb sink from the config ({e})"
+                "WandbSink needs the 'wandb' package: install zbrl's wandb extra "
+                f"(pip install 'zbrl[wandb]'), or set logging.wandb=false ({e})"
             ) from e
-        self._run = wandb.init(project=project, name=run_name, config=dict(config or {}))
+        try:
+            self._run = wandb.init(project=project, name=run_name, config=dict(config or {}))
+        except Exception as e:  # wandb's own errors (no API key, no network) have no common base
+            raise RunError(
+                f"logging.wandb=true, but wandb.init failed ({type(e).__name__}: {e}); log in "
+                "with `wandb login` (or set WANDB_API_KEY), set WANDB_MODE=offline to log "
+                "locally, or set logging.wandb=false"
+            ) from None
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self._run.log({k: to_float(k, v) for k, v in metrics.items()}, step=int(step))

@@ -1,0 +1,277 @@
+"""A user's mistake ends in one ``error: ...`` line and a non-zero exit, never a traceback, and a
+``zbrl train`` start that fails its checks creates no run directory (issue 20, item 6).
+
+Every start here fails before Ray: ``init_ray`` is replaced by a function that fails the test, so a
+check that lets a bad start through is caught, and the one good start shows where the run dir is
+created (after every check, just before Ray).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from zbrl import cli
+from zbrl.config import ConfigError, load_config
+from zbrl.launch.run_dir import check_run_dir, try_lock
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = str(REPO / "recipes" / "demo.yaml")
+
+
+class ReachedRay(Exception):
+    """Raised in place of starting Ray: the start got past every check."""
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import zbrl.launch.driver as driver
+
+    def refuse(cfg):
+        raise ReachedRay
+
+    monkeypatch.setattr(driver, "init_ray", refuse)
+
+
+@pytest.fixture
+def start(tmp_path, tiny_model_dir, task_files, no_ray):
+    """``zbrl train`` of the demo recipe on the tiny model and the task files, with overrides."""
+    runs = tmp_path / "runs"
+    base = [
+        f"model.path={tiny_model_dir}",
+        f"data.train_path={task_files[0]}",
+        f"eval.sets={{heldout: {task_files[1]}}}",
+        f"logging.run_dir={runs}/run",
+        f"logging.cache_dir={tmp_path / 'cache'}",
+    ]
+
+    def run(*overrides: str) -> int:
+        return cli.main(["train", DEMO, *base, *overrides])
+
+    run.runs = runs
+    return run
+
+
+def error_line(capsys) -> str:
+    """The command's stderr, checked to be one ``error:`` message without a traceback."""
+    err = capsys.readouterr().err
+    assert err.startswith("error: "), err
+    assert "Traceback" not in err, err
+    return err
+
+
+# -- the config check: a user model with the embedded task ---------------------------------------
+
+
+def test_a_user_model_on_the_embedded_task_is_refused_naming_the_opt_in():
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, ["model.path=/models/mine"])
+    message = str(err.value)
+    assert "model.path='/models/mine'" in message and "data.train_path" in message
+    assert "data.allow_embedded_task_with_user_model=true" in message
+    cfg = load_config(
+        DEMO, ["model.path=/models/mine", "data.allow_embedded_task_with_user_model=true"]
+    )
+    assert cfg.data.trains_on_embedded
+    assert load_config(DEMO).model.path == "embedded"  # the embedded model keeps its task
+
+
+def test_a_user_model_evaluated_on_the_embedded_task_is_refused():
+    with pytest.raises(ConfigError, match=r"eval\.sets\.heldout evaluates the embedded"):
+        load_config(DEMO, ["model.path=/models/mine", "data.train_path=/data/train.jsonl"])
+    cfg = load_config(
+        DEMO, ["model.path=/models/mine", "data.train_path=/data/train.jsonl", "eval.sets={}"]
+    )
+    assert cfg.eval.sets == {}
+
+
+# -- zbrl train: every failed start is an error line and leaves no run directory -----------------
+
+
+def test_the_good_start_claims_its_run_dir_only_after_every_check(start, capsys):
+    with pytest.raises(ReachedRay):
+        start()
+    assert (start.runs / "run" / "config.yaml").is_file()
+    assert "train prompts: 64" in capsys.readouterr().out
+
+
+def _no_template(tmp_path, tiny_model_dir):
+    copy = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, copy)
+    (copy / "chat_template.jinja").unlink()
+    return f"model.path={copy}"
+
+
+BAD_STARTS = {
+    "missing train file": (
+        lambda t, m: "data.train_path=/nonexistent/train.jsonl",
+        "data.train_path=",
+    ),
+    "train path is a directory": (lambda t, m: f"data.train_path={t}", "is a directory"),
+    "missing eval file": (lambda t, m: "eval.sets={x: /nonexistent/x.jsonl}", "eval.sets.x="),
+    "bad dataset line": (lambda t, m: f"data.train_path={t / 'bad.jsonl'}", "bad.jsonl line 1"),
+    "every prompt dropped": (lambda t, m: "data.max_prompt_tokens=1", "max_prompt_tokens"),
+    "model dir without a model": (lambda t, m: f"model.path={t}", "without a model"),
+    "tokenizer without a chat template": (_no_template, "has no chat template"),
+    "vllm not installed": (lambda t, m: "rollout.backend.type=vllm", "make setup-vllm"),
+    "wandb not installed": (lambda t, m: "logging.wandb=true", "pip install 'zbrl[wandb]'"),
+    "tensorboard not installed": (
+        lambda t, m: "logging.tensorboard=true",
+        "pip install 'zbrl[tensorboard]'",
+    ),
+    "reward that does not import": (lambda t, m: "reward.type=nowhere.module:fn", "nowhere"),
+}
+
+
+@pytest.fixture
+def missing_packages(monkeypatch):
+    """vLLM, wandb and tensorboard look uninstalled (whatever this environment has)."""
+    import importlib.util
+
+    import zbrl.rollout.backends.vllm_backend as vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("wandb", "tensorboard") else find_spec(name, *a),
+    )
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STARTS))
+def test_a_failed_start_is_one_error_line_and_creates_no_run_dir(
+    case, start, tmp_path, tiny_model_dir, missing_packages, capsys
+):
+    (tmp_path / "bad.jsonl").write_text('{"messages": "not a list"}\n')
+    override, needle = BAD_STARTS[case]
+    rc = start(override(tmp_path, tiny_model_dir))
+    assert rc != 0
+    assert needle in error_line(capsys)
+    assert not start.runs.exists()
+
+
+def test_a_user_model_on_the_embedded_task_fails_the_start_with_exit_2(start, capsys):
+    assert start("data.train_path=embedded", "eval.sets={}") == 2
+    assert "data.allow_embedded_task_with_user_model" in error_line(capsys)
+    assert not start.runs.exists()
+
+
+def test_a_failing_wandb_init_claims_no_run_dir(start, monkeypatch, capsys):
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+
+    def init(**kwargs):
+        raise RuntimeError("api_key not configured (no-tty)")
+
+    fake.init = init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    assert start("logging.wandb=true") == 1
+    err = error_line(capsys)
+    assert "api_key not configured" in err and "wandb login" in err
+    assert "logging.wandb=false" in err
+    assert not start.runs.exists()
+
+
+def test_a_run_dir_in_use_or_with_checkpoints_is_refused_before_the_data_is_read(start, capsys):
+    run_dir = start.runs / "run"
+    (run_dir / "checkpoints" / "step-3").mkdir(parents=True)
+    assert start("data.max_prompt_tokens=1") == 1  # the data would fail too: the dir comes first
+    assert "zbrl resume" in error_line(capsys)
+    shutil.rmtree(run_dir / "checkpoints")
+    lock = try_lock(run_dir)
+    try:
+        assert start() == 1
+        assert "in use by another run" in error_line(capsys)
+    finally:
+        lock.release()
+    assert sorted(p.name for p in start.runs.iterdir()) == ["run"]  # no sibling was made
+
+
+def test_check_run_dir_refuses_a_file_and_creates_nothing(tmp_path):
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(Exception, match="is a file"):
+        check_run_dir(tmp_path / "taken")
+    with pytest.raises(Exception, match="cannot be created"):
+        check_run_dir(tmp_path / "taken" / "run")
+    check_run_dir(tmp_path / "new" / "run")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_start_in_a_subprocess_prints_no_traceback(tmp_path, tiny_model_dir):
+    runs = tmp_path / "runs"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zbrl.cli",
+            "train",
+            DEMO,
+            f"model.path={tiny_model_dir}",
+            f"data.train_path={tmp_path / 'missing.jsonl'}",
+            "eval.sets={}",
+            f"logging.run_dir={runs}/run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: data.train_path=") and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1  # one line
+    assert not runs.exists()
+
+
+# -- the other commands -------------------------------------------------------------------------
+
+
+def test_resume_and_validate_mistakes_are_error_lines(tmp_path, capsys):
+    cases = [
+        (["resume", str(tmp_path / "nowhere")], "not a zbrl run directory"),
+        (["validate", DEMO, "algorithm.lr"], "must look like section.field=value"),
+        (["validate", DEMO, "algorithm.lrr=1"], "unknown field"),
+        (["validate", DEMO, "algorithm.lr=fast"], "algorithm.lr"),
+        (["validate", str(tmp_path / "none.yaml")], "recipe file not found"),
+        (["report", str(tmp_path / "nowhere")], "timeline.jsonl"),
+        (["plan", str(tmp_path / "nowhere")], "does not exist"),
+    ]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(f"logging: {{run_dir: {run_dir}}}\n")
+    cases += [
+        (["resume", str(run_dir)], "no complete checkpoint"),
+        (["resume", str(run_dir), "training.max_stepz=9"], "unknown field"),
+        (["resume", str(run_dir), "seed=3"], "resume cannot change seed"),
+    ]
+    for argv, needle in cases:
+        assert cli.main(argv) != 0, argv
+        assert needle in error_line(capsys), argv
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]
+
+
+def test_eval_mistakes_are_error_lines_before_any_model_loads(
+    tmp_path, tiny_model_dir, task_files, monkeypatch, capsys
+):
+    import zbrl.assembly.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(models, "build_backend", no_model)
+    (tmp_path / "bad.jsonl").write_text('{"messages": "not a list"}\n')
+    model, data = str(tiny_model_dir), str(task_files[1])
+    cases = [
+        (["--model", str(tmp_path / "none"), "--data", data], "does not exist"),
+        (["--model", model, "--data", str(tmp_path / "none.jsonl")], "--data none="),
+        (["--model", model, "--data", str(tmp_path / "bad.jsonl")], "bad.jsonl line 1"),
+        (["--model", model, "--data", data, "--reward", "nowhere.module:fn"], "reward"),
+    ]
+    for argv, needle in cases:
+        assert cli.main(["eval", *argv]) != 0, argv
+        assert needle in error_line(capsys), argv
