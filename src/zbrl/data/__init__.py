@@ -30,5 +30,6 @@ __all__ = [
     "resolve_system_prompt",
 ]
 
-# The embedded arithmetic task lives in zbrl.data.synthetic (imported on demand: it is only
-# needed when data.train_path or an eval set is "embedded").
+# Imported on demand: the embedded arithmetic task (zbrl.data.synthetic, needed when
+# data.train_path or an eval set is "embedded"), Hugging Face datasets (zbrl.data.hf_source) and
+# reasoning-gym (zbrl.data.reasoning_gym_source), the sources of data.source.

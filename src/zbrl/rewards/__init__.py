@@ -1,7 +1,9 @@
-"""Reward functions: ``think_answer_tags``, ``boxed``, ``code`` (imported on first use), the
-registry, length shaping and weighted combinations. See ``docs/rewards.md``.
+"""Reward functions: ``think_answer_tags``, ``boxed``, and, imported on first use,
+``last_number``, ``reasoning_gym`` and ``code``; the answer extractions, the registry, length
+shaping and weighted combinations. See ``docs/rewards.md``.
 
-Importing this package imports neither ray nor torch (nor math_verify, loaded on first use).
+Importing this package imports neither ray nor torch (nor math_verify or reasoning_gym, loaded on
+first use).
 """
 
 from zbrl.rewards.answer_check import answers_equivalent
