@@ -50,7 +50,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
-import logging
 import marshal
 import os
 import selectors
@@ -69,8 +68,6 @@ from typing import Any, Literal, get_args
 
 from zbrl.rewards import bubblewrap
 from zbrl.rewards._sandbox_runner import user_task_count
-
-logger = logging.getLogger(__name__)
 
 SandboxBackend = Literal["auto", "bwrap", "rlimits"]
 """Which sandbox runs programs: bubblewrap namespaces, rlimits and the audit hook only, or the
@@ -359,7 +356,8 @@ def _validate(tests: Sequence[TestCase], fn_name: str | None) -> list[str]:
 
 
 def check_backend(limits: SandboxLimits) -> Literal["bwrap", "rlimits"]:
-    """The backend ``limits`` resolves to here; raises :class:`SandboxUnavailableError` when
+    """The backend ``limits`` resolves to here; raises
+    :class:`~zbrl.rewards.bubblewrap.SandboxUnavailableError` when
     ``bwrap`` is asked for and does not work (``auto`` falls back with a one-time warning)."""
     return bubblewrap.resolve_backend(limits.backend)
 
