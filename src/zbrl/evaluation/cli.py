@@ -43,11 +43,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from zbrl.assembly.datasets import encode_prompts, eval_ref
+    from zbrl.assembly.input_checks import check_eval_inputs
     from zbrl.assembly.models import build_backend, load_tokenizer, quiet_transformers
     from zbrl.assembly.rewards import build_reward_fn
     from zbrl.assembly.settings import eval_sampling_params
     from zbrl.evaluation.evaluator import EvalSet, evaluate_set
-    from zbrl.launch.preflight import check_eval_inputs
 
     quiet_transformers()
     model_dir = Path(args.model)

@@ -16,11 +16,11 @@ import importlib.util
 import os
 import socket
 import sys
-from pathlib import Path
 
+from zbrl.assembly.input_checks import check_data_files
 from zbrl.assembly.model_source import check_model_source
 from zbrl.assembly.settings import weight_sync_backend
-from zbrl.config import EMBEDDED, HELD_OUT, RunConfig
+from zbrl.config import RunConfig
 from zbrl.config.transport import BroadcastSync
 from zbrl.errors import RunError
 from zbrl.transport.weight_sync.broadcast import check_bindable
@@ -61,64 +61,6 @@ def check_optional_packages(cfg: RunConfig) -> None:
                 f"(pip install 'zbrl[{extra}]', or pip install -e '.[{extra}]' in a checkout), "
                 f"or set logging.{field}=false"
             )
-
-
-def check_data_files(cfg: RunConfig) -> None:
-    """The dataset files the run reads (``data.train_path``, file-valued ``eval.sets``) exist
-    and can be read, and ``data.source`` can give data. Every line is validated later, still
-    before the run directory, when the prompts are encoded."""
-    from zbrl.assembly.datasets import check_data_source
-
-    if cfg.data.source is None and not cfg.data.trains_on_embedded:
-        check_readable_file(cfg.data.train_path, "data.train_path")
-    for name, value in cfg.eval.sets.items():
-        if value not in (EMBEDDED, HELD_OUT):
-            check_readable_file(value, f"eval.sets.{name}")
-    check_data_source(cfg)
-
-
-def check_readable_file(path: str, field: str) -> None:
-    """A RunError naming ``field`` unless ``path`` is a file this process can read."""
-    p = Path(path).expanduser()
-    where = f"{field}={path!r}"
-    if not p.exists():
-        relative = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
-        raise RunError(
-            f"{where} does not exist{relative}; give the path of a conversation JSONL or "
-            "Parquet file (docs/datasets.md)"
-        )
-    if p.is_dir():
-        raise RunError(
-            f"{where} is a directory; give a conversation JSONL or Parquet file, or for a "
-            "Hugging Face dataset directory set data.source={type: hf, path: DIR}"
-        )
-    try:
-        with p.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        raise RunError(f"{where} cannot be read ({exc.strerror}); fix its permissions") from None
-
-
-def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> None:
-    """Pre-flight of ``zbrl eval``: the model directory holds a model and a tokenizer, the
-    backend's package is installed, the reward builds and every ``--data`` file can be read."""
-    from zbrl.assembly.models import check_backend_installed
-    from zbrl.assembly.rewards import check_reward
-    from zbrl.models.sources import check_model_dir, check_tokenizer_dir
-
-    if not model_dir.is_dir() or not (model_dir / "config.json").is_file():
-        why = "no config.json" if model_dir.is_dir() else "it does not exist"
-        raise RunError(
-            f"--model {model_dir}: not a model directory ({why}); give a directory "
-            "save_pretrained wrote, e.g. a checkpoint RUN_DIR/checkpoints/step-N"
-        )
-    check_model_dir(model_dir, field="--model", spec=str(model_dir))
-    check_tokenizer_dir(model_dir, field="--model", spec=str(model_dir))
-    check_backend_installed(cfg)
-    check_reward(cfg)
-    for name, path in data:
-        if path != HELD_OUT:
-            check_readable_file(path, f"--data {name}")
 
 
 def split_address(address: str) -> tuple[str, int] | None:
