@@ -108,6 +108,16 @@ def _no_template(tmp_path, tiny_model_dir):
     return f"model.path={copy}"
 
 
+def _system_rejecting_template(tmp_path, tiny_model_dir):
+    template = tmp_path / "no-system.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    return f"model.chat_template={template}"
+
+
 BAD_STARTS = {
     "missing train file": (
         lambda t, m: "data.train_path=/nonexistent/train.jsonl",
@@ -119,6 +129,10 @@ BAD_STARTS = {
     "every prompt dropped": (lambda t, m: "data.max_prompt_tokens=1", "max_prompt_tokens"),
     "model dir without a model": (lambda t, m: f"model.path={t}", "without a model"),
     "tokenizer without a chat template": (_no_template, "has no chat template"),
+    "template that rejects the system prompt": (
+        _system_rejecting_template,
+        "data.system_prompt=''",
+    ),
     "vllm not installed": (lambda t, m: "rollout.backend.type=vllm", "make setup-vllm"),
     "wandb not installed": (lambda t, m: "logging.wandb=true", "pip install 'zbrl[wandb]'"),
     "tensorboard not installed": (

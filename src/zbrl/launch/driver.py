@@ -188,10 +188,13 @@ def prepare_run_dir(
 def encode_datasets(
     cfg: RunConfig, artifacts: Artifacts
 ) -> tuple[list[EncodedPrompt], dict[str, list[EncodedPrompt]]]:
+    """Every prompt of the training set and of each eval set, encoded with the chat template; a
+    RunError or DatasetError naming the set when one cannot be."""
     from zbrl.assembly.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg, artifacts.tokenizer_dir)
-    train, stats = encode_prompts(artifacts.train_path, cfg, tokenizer, limit=cfg.data.max_prompts)
+    limit = cfg.data.max_prompts
+    train, stats = _encode(artifacts.train_path, cfg, tokenizer, limit, "data.train_path")
     print(
         f"[zbrl] train prompts: {len(train)} (dropped {stats['dropped']}, truncated "
         f"{stats['truncated']}, skipped lines {stats['skipped_lines']})",
@@ -199,10 +202,29 @@ def encode_datasets(
     )
     check_prompts_left(train, stats, "data.train_path", artifacts.train_path, cfg)
     evals = {}
-    for name, path in artifacts.eval_paths.items():
-        evals[name], eval_stats = encode_prompts(path, cfg, tokenizer, limit=cfg.eval.max_prompts)
-        check_prompts_left(evals[name], eval_stats, f"eval.sets.{name}", path, cfg)
+    for name, ref in artifacts.eval_paths.items():
+        field = f"eval.sets.{name}"
+        evals[name], eval_stats = _encode(ref, cfg, tokenizer, cfg.eval.max_prompts, field)
+        check_prompts_left(evals[name], eval_stats, field, ref, cfg)
     return train, evals
+
+
+def _encode(
+    ref: Any, cfg: RunConfig, tokenizer: Any, limit: int | None, field: str
+) -> tuple[list[EncodedPrompt], dict[str, Any]]:
+    """:func:`encode_prompts`, with a chat template that rejects a prompt (a system message or a
+    role it does not take) reported as the user's input, not as a traceback."""
+    from jinja2 import TemplateError
+
+    try:
+        return encode_prompts(ref, cfg, tokenizer, limit=limit)
+    except TemplateError as exc:
+        raise RunError(
+            f"{field}: the chat template rejects a prompt of {ref} ({type(exc).__name__}: "
+            f"{exc}); if it takes no system message, set data.system_prompt='' (the reward's "
+            "default system prompt is added otherwise), or give a template that takes these "
+            "conversations (model.chat_template)"
+        ) from None
 
 
 def check_prompts_left(
