@@ -54,6 +54,16 @@ class RolloutGroup:
     """Wall time when the group was pushed."""
     reward_timeouts: int = 0
     """Responses whose reward call missed its deadline (scored as failures)."""
+    loss_masks: list[torch.Tensor] | None = None
+    """Multi-turn episodes: G bool tensors, each [L_i], True on the tokens the model generated
+    (environment tokens are in ``response_ids`` but outside the loss); None: every response
+    token is the model's."""
+    episodes: list[list[dict[str, Any]]] | None = None
+    """Multi-turn episodes: each completion's turns (role, token span, text, whether trained,
+    the policy version of model turns, tool calls), for the rollout log."""
+    env_counts: dict[str, float] = field(default_factory=dict)
+    """Multi-turn episodes: events summed over the group (turns, tool calls, tool errors, turn
+    and token limits), reported as ``env/<name>`` metrics."""
 
     @property
     def group_size(self) -> int:
@@ -66,12 +76,19 @@ class RolloutGroup:
         lengths = [int(t.numel()) for t in self.response_ids]
         state["response_ids"] = (_flat(self.response_ids, torch.long), lengths)
         state["behaviour_logprobs"] = (_flat(self.behaviour_logprobs, torch.float32), lengths)
+        if self.loss_masks is not None:
+            state["loss_masks"] = (_flat(self.loss_masks, torch.bool), lengths)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        for key in ("response_ids", "behaviour_logprobs"):
+        for key in ("response_ids", "behaviour_logprobs", "loss_masks"):
+            if state.get(key) is None:  # loss_masks of single-turn groups (or older pickles)
+                state[key] = None
+                continue
             flat, lengths = state[key]
             state[key] = list(torch.split(flat, lengths)) if lengths else []
+        state.setdefault("episodes", None)
+        state.setdefault("env_counts", {})
         self.__dict__.update(state)
 
     @property

@@ -55,13 +55,14 @@ def test_only_the_cli_imports_launch() -> None:
 
 
 @pytest.mark.parametrize(
-    "package", ["config", "types", "rewards", "algorithms", "assembly", "data", "training"]
+    "package",
+    ["config", "types", "rewards", "environments", "algorithms", "assembly", "data", "training"],
 )
 def test_no_ray_below_launch(package: str) -> None:
     assert _violations([package], ("ray",)) == []
 
 
-@pytest.mark.parametrize("package", ["config", "types", "rewards", "algorithms"])
+@pytest.mark.parametrize("package", ["config", "types", "rewards", "environments", "algorithms"])
 def test_no_torch_distributed_in_pure_packages(package: str) -> None:
     assert _violations([package], ("torch.distributed",)) == []
 

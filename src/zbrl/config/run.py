@@ -10,6 +10,7 @@ from zbrl.config.algorithm import AlgorithmConfig
 from zbrl.config.base import Section
 from zbrl.config.checks import RUN_CHECKS
 from zbrl.config.data import DataConfig
+from zbrl.config.environments import EnvironmentConfig, environment_shorthand
 from zbrl.config.evaluation import EvalConfig
 from zbrl.config.launch import LaunchConfig
 from zbrl.config.logging import LoggingConfig
@@ -36,6 +37,9 @@ class RunConfig(Section):
     reward: RewardConfig = Field(default_factory=ThinkAnswerTagsReward)
     """Verifiable reward (``type``: think_answer_tags, boxed, code or ``package.module:function``)
     with its own options."""
+    environment: EnvironmentConfig | None = None
+    """Multi-turn episodes (``type``: tools or ``package.module:Class``, see
+    docs/environments.md); None: single-turn responses."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """Generation."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -60,6 +64,11 @@ class RunConfig(Section):
     @classmethod
     def _reward_shorthand(cls, value: Any) -> Any:
         return as_plugin_dict(value, ThinkAnswerTagsReward)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment_shorthand(cls, value: Any) -> Any:
+        return environment_shorthand(value)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

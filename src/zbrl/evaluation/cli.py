@@ -43,6 +43,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from zbrl.assembly.datasets import encode_prompts, eval_ref
+    from zbrl.assembly.environments import build_episode_runner
     from zbrl.assembly.input_checks import check_eval_inputs
     from zbrl.assembly.models import build_backend, load_tokenizer, quiet_transformers
     from zbrl.assembly.rewards import build_reward_fn
@@ -61,6 +62,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     ]
     backend = build_backend(cfg, model_dir, model_dir)
     reward = build_reward_fn(cfg)
+    episodes = build_episode_runner(cfg, backend)  # None for single-turn runs
     params = eval_sampling_params(cfg)
     out_dir = Path(args.out) if args.out else None
     rows = []
@@ -75,6 +77,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
                 params,
                 batch_size=cfg.eval.batch_size,
                 on_batch=bar.update,
+                episodes=episodes,
             )
         rows.append((name, metrics, time.time() - start))
         if out_dir is not None:

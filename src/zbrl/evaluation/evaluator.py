@@ -51,13 +51,20 @@ def evaluate_set(
     *,
     batch_size: int,
     on_batch: Callable[[int], None] | None = None,
+    episodes: Any = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Generate ``params.n`` samples per prompt, score them in eval mode; (metrics, records)."""
+    """Generate ``params.n`` samples per prompt, score them in eval mode; (metrics, records).
+    ``episodes`` (an :class:`~zbrl.environments.runner.EpisodeRunner` on ``backend``): whole
+    multi-turn episodes instead, scored as in training (their final turn, plus the
+    environment's turn rewards)."""
     records: list[dict[str, Any]] = []
     correct_per_prompt: list[int] = []
     for start in range(0, len(eval_set.prompts), batch_size):
         batch = eval_set.prompts[start : start + batch_size]
-        completions = backend.generate([p.prompt_ids for p in batch], params)
+        if episodes is not None:
+            completions = episodes.run(batch, params)
+        else:
+            completions = backend.generate([p.prompt_ids for p in batch], params)
         for prompt, comps in zip(batch, completions):
             contexts = [
                 RewardContext(
@@ -68,9 +75,7 @@ def evaluate_set(
                 )
                 for c in comps
             ]
-            results = reward.score_batch(
-                [c.text for c in comps], [prompt.example] * len(comps), contexts
-            )
+            results = _score(reward, episodes, comps, prompt.example, contexts)
             correct = 0
             for i, (c, r) in enumerate(zip(comps, results)):
                 correct += int(r.ans_acc >= 1.0)
@@ -88,12 +93,30 @@ def evaluate_set(
                         "reward": r.reward,
                         "length": int(c.token_ids.numel()),
                         "truncated": c.finish_reason == "length",
+                        **_episode_record(c),
                     }
                 )
             correct_per_prompt.append(correct)
         if on_batch is not None:
             on_batch(len(batch))
     return summarize(records, correct_per_prompt, params.n), records
+
+
+def _score(reward: RewardFunction, episodes: Any, comps: list, example: Any, contexts: list):
+    if episodes is None:
+        return reward.score_batch([c.text for c in comps], [example] * len(comps), contexts)
+    from zbrl.environments.runner import episode_result
+
+    if episodes.score_final_turn:
+        scored = reward.score_batch([c.text for c in comps], [example] * len(comps), contexts)
+    else:
+        scored = [None] * len(comps)
+    return [episode_result(c, r) for c, r in zip(comps, scored, strict=True)]
+
+
+def _episode_record(c: Any) -> dict[str, Any]:
+    turns = getattr(c, "turns", None)
+    return {} if turns is None else {"transcript": c.transcript, "turns": turns}
 
 
 def summarize(
@@ -124,7 +147,9 @@ class Evaluator:
         *,
         batch_size: int,
         out_dir: str | Path | None,
+        episodes: Any = None,
     ) -> None:
+        self.episodes = episodes
         self.backend = backend
         self.reward = reward
         self.sets = sets
@@ -137,7 +162,12 @@ class Evaluator:
         all_records: list[dict[str, Any]] = []
         for eval_set in self.sets:
             metrics, records = evaluate_set(
-                self.backend, self.reward, eval_set, self.params, batch_size=self.batch_size
+                self.backend,
+                self.reward,
+                eval_set,
+                self.params,
+                batch_size=self.batch_size,
+                episodes=self.episodes,
             )
             results[eval_set.name] = metrics
             all_records += records

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from zbrl.assembly.environments import build_episode_runner
 from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer, quiet_transformers
 from zbrl.assembly.rewards import build_reward_fn
 from zbrl.assembly.settings import (
@@ -124,6 +125,7 @@ class ProducerWorker:
             BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
+            episodes=build_episode_runner(cfg, backend),
         )
         if resume_state is not None:
             self.producer.load_state(resume_state)
@@ -240,6 +242,7 @@ class EvaluatorWorker:
             eval_sampling_params(cfg),
             batch_size=cfg.eval.batch_size,
             out_dir=Path(run_dir) / "eval",
+            episodes=build_episode_runner(cfg, backend),
         )
 
     def evaluate(self, step: int, version: int) -> dict[str, dict[str, float]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zbrl.data.sampler import ShardedSampler
+from zbrl.environments import runner as episode_runner  # a module: runner imports rollout too
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rng import rng_state, set_rng_state
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
@@ -70,8 +71,11 @@ class Producer:
         buffer: BufferClient,
         receiver: WeightReceiver,
         recorder: SpanRecorder,
+        episodes: episode_runner.EpisodeRunner | None = None,
     ) -> None:
+        """``episodes``: multi-turn runs generate whole episodes with it (on ``backend``)."""
         self.settings = settings
+        self.episodes = episodes
         self.prompts = prompts
         self.backend = backend
         self.reward = reward
@@ -202,7 +206,10 @@ class Producer:
         temperature = chunk[0][2]
         params = _with_temperature(self.settings.sampling, temperature)
         with self.recorder.span(GENERATE, prompts=len(chunk), version=version):
-            completions = self.backend.generate([p.prompt_ids for p, _, _ in chunk], params)
+            if self.episodes is not None:
+                completions = self.episodes.run([p for p, _, _ in chunk], params, version)
+            else:
+                completions = self.backend.generate([p.prompt_ids for p, _, _ in chunk], params)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
             scored = self._score(chunk, completions)
         return [
@@ -219,7 +226,10 @@ class Producer:
     ) -> list[tuple[list[RewardContext], list[RewardResult]]]:
         """Every completion of the chunk in one ``score_batch`` call (one round trip to a
         reward's worker, not one per group); per group: its contexts and results."""
-        budget = self.settings.sampling.max_new_tokens
+        if self.episodes is not None:
+            budget = self.episodes.limits.max_total_tokens
+        else:
+            budget = self.settings.sampling.max_new_tokens
         contexts = [
             [
                 RewardContext(
@@ -231,11 +241,23 @@ class Producer:
             ]
             for comps in completions
         ]
-        results = self.reward.score_batch(
-            [c.text for comps in completions for c in comps],
-            [prompt.example for (prompt, _, _), comps in zip(chunk, completions) for _ in comps],
-            [ctx for group in contexts for ctx in group],
-        )
+        flat = [c for comps in completions for c in comps]
+        if self.episodes is None or self.episodes.score_final_turn:
+            results = self.reward.score_batch(
+                [c.text for c in flat],
+                [
+                    prompt.example
+                    for (prompt, _, _), comps in zip(chunk, completions)
+                    for _ in comps
+                ],
+                [ctx for group in contexts for ctx in group],
+            )
+        else:
+            results = [None] * len(flat)
+        if self.episodes is not None:
+            results = [
+                episode_runner.episode_result(c, r) for c, r in zip(flat, results, strict=True)
+            ]
         out, start = [], 0
         for group in contexts:
             out.append((group, results[start : start + len(group)]))
@@ -253,6 +275,8 @@ class Producer:
         version: int,
         temperature: float,
     ) -> RolloutGroup:
+        episodes = [c for c in completions if isinstance(c, episode_runner.EpisodeCompletion)]
+        multi_turn = bool(episodes) and len(episodes) == len(completions)
         return RolloutGroup(
             uid=f"{prompt.uid}@e{epoch}",
             prompt_ids=list(prompt.prompt_ids),
@@ -267,8 +291,11 @@ class Producer:
             temperature=temperature,
             producer=self.settings.index,
             ticket=ticket,
-            response_texts=[c.text for c in completions],
+            response_texts=[c.transcript if multi_turn else c.text for c in completions],
             created_at=time.time(),
+            loss_masks=[c.loss_mask for c in episodes] if multi_turn else None,
+            episodes=[c.turns for c in episodes] if multi_turn else None,
+            env_counts=episode_runner.sum_counts(episodes) if multi_turn else {},
         )
 
 

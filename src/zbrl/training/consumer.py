@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from zbrl.rng import rng_state, set_rng_state
-from zbrl.telemetry.spans import TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
+from zbrl.telemetry.spans import CHECKPOINT, TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
 from zbrl.training.checkpoint import BUFFER_FILE, TRAINER_FILE, prune, save_checkpoint
 from zbrl.training.train_step import Trainer
 from zbrl.transport.clients import BufferClient
@@ -211,6 +211,7 @@ class Consumer:
                     "rewards": group.rewards,
                     "ans_acc": group.ans_acc,
                     "truncated": group.truncated,
+                    **_episode_fields(group),
                 }
             )
         return records
@@ -232,13 +233,16 @@ class Consumer:
         this consumer's state and the buffer's, taken together between steps."""
         engine = self.trainer.engine
         path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"
-        trainer_state = self.state()  # every rank: a collective on sharded engines
-        state = (
-            {TRAINER_FILE: trainer_state, BUFFER_FILE: self.buffer.state()} if not self.rank else {}
-        )
-        saved = save_checkpoint(engine, self.tokenizer, path, state=state)
-        if self.rank == 0:
-            prune(self.settings.checkpoint_dir, self.settings.save_keep)
+        with self.recorder.span(CHECKPOINT, step=self.version):
+            trainer_state = self.state()  # every rank: a collective on sharded engines
+            state = (
+                {TRAINER_FILE: trainer_state, BUFFER_FILE: self.buffer.state()}
+                if not self.rank
+                else {}
+            )
+            saved = save_checkpoint(engine, self.tokenizer, path, state=state)
+            if self.rank == 0:
+                prune(self.settings.checkpoint_dir, self.settings.save_keep)
         if engine.world_size > 1:
             # no rank may take the next step's batch before rank 0 captured the buffer's state
             engine.all_reduce([0.0], "sum")
@@ -293,7 +297,30 @@ def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[s
     }
     # reward, format_acc, ans_acc, response_length (pre-filter means), reward_timeouts (a count)
     out.update(batch.raw_metrics)
+    out.update(_env_metrics(groups, count))
     return out
+
+
+def _env_metrics(groups, samples: int) -> dict[str, float]:
+    """Multi-turn episodes: ``env/<event>`` per episode (turns, tool calls, tool errors, turn and
+    token limits) over the trained groups."""
+    totals: dict[str, float] = {}
+    for g in groups:
+        for name, n in g.env_counts.items():
+            totals[name] = totals.get(name, 0.0) + n
+    return {f"env/{name}": n / samples for name, n in sorted(totals.items())}
+
+
+def _episode_fields(group) -> dict[str, Any]:
+    """Multi-turn episodes in the rollout log: each response's turns (model turns trained,
+    environment turns not, with their tool calls) and the trained token count per response."""
+    if group.episodes is None:
+        return {}
+    return {
+        "turns": group.episodes,
+        "trained_tokens": [int(m.sum()) for m in group.loss_masks],
+        "response_tokens": group.response_lengths,
+    }
 
 
 def _per_sample(group):

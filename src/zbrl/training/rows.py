@@ -31,6 +31,17 @@ class Row:
     old_values: torch.Tensor | None = None  # step-start critic values (PPO with GAE)
     returns: torch.Tensor | None = None  # value targets (GAE)
     token_advantages: torch.Tensor | None = None  # per-token advantages (GAE)
+    # Multi-turn episodes: bool [L], True on the model's tokens (environment tokens are part of
+    # the sequence but outside the loss); None: every response token is the model's.
+    loss_mask: torch.Tensor | None = None
+
+    def trained_tokens(self) -> int:
+        """Response tokens in the loss (0 for a row outside it)."""
+        if not self.trained:
+            return 0
+        if self.loss_mask is None:
+            return int(self.response_ids.numel())
+        return int(self.loss_mask.sum())
 
 
 @dataclass
@@ -42,7 +53,7 @@ class MicroBatch:
     input_ids_BT: torch.Tensor
     attention_BT: torch.Tensor
     targets_BT: torch.Tensor  # input_ids shifted left by one
-    mask_BT: torch.Tensor  # bool: response tokens of trained rows
+    mask_BT: torch.Tensor  # bool: response tokens of trained rows (the model's, in episodes)
     old_logprobs_BT: torch.Tensor
     advantages_B: torch.Tensor
     temperatures_B: torch.Tensor
@@ -87,6 +98,7 @@ def build_rows(
                     behind=0
                     if trained_version is None
                     else max(0, trained_version - group.policy_version),
+                    loss_mask=None if group.loss_masks is None else group.loss_masks[g],
                 )
             )
     return rows
@@ -106,7 +118,7 @@ def collate(rows: list[Row], pad_id: int, *, share_prompts: bool = False) -> Mic
     old = torch.zeros(targets.shape, dtype=torch.float32)
     for i, r in enumerate(rows):
         span = response_span(r, shared=share_prompts)
-        mask[i, span] = r.trained
+        mask[i, span] = r.trained if r.loss_mask is None else r.loss_mask & r.trained
         old[i, span] = r.old_logprobs
     return MicroBatch(
         input_ids_BT=input_ids,
@@ -229,6 +241,7 @@ def split(rows: list[Row], batching: MicroBatching) -> list[list[Row]]:
 
 def trained_token_count(rows: list[Row]) -> tuple[int, int]:
     """(trained tokens, trained non-empty sequences) of a whole optimizer step."""
-    tokens = sum(int(r.response_ids.numel()) for r in rows if r.trained)
-    seqs = sum(1 for r in rows if r.trained and r.response_ids.numel() > 0)
+    counts = [r.trained_tokens() for r in rows]
+    tokens = sum(counts)
+    seqs = sum(1 for n in counts if n > 0)
     return tokens, seqs

@@ -84,13 +84,15 @@ def annotate_gae(rows: list[Row], settings: CriticSettings) -> dict[str, float]:
     values_NL = torch.zeros((n, width))
     behaviour_NL = torch.zeros((n, width))
     ref_NL = torch.zeros((n, width))
-    for i, r in enumerate(rows):
+    model_NL = torch.zeros((n, width), dtype=torch.bool)  # the model's tokens (not an episode's
+    for i, r in enumerate(rows):  # environment tokens: no KL there, outside whitening/metrics)
         length = int(r.response_ids.numel())
         mask_NL[i, :length] = True
+        model_NL[i, :length] = True if r.loss_mask is None else r.loss_mask
         values_NL[i, :length] = r.old_values
         behaviour_NL[i, :length] = r.old_logprobs
         if settings.kl_coef > 0:
-            ref_NL[i, :length] = r.ref_logprobs
+            ref_NL[i, :length] = torch.where(model_NL[i, :length], r.ref_logprobs, r.old_logprobs)
     rewards_NL = token_rewards(
         torch.tensor([r.reward for r in rows]),
         mask_NL,
@@ -101,7 +103,7 @@ def annotate_gae(rows: list[Row], settings: CriticSettings) -> dict[str, float]:
     advantages_NL, returns_NL = gae(
         rewards_NL, values_NL, mask_NL, gamma=settings.gamma, lam=settings.lam
     )
-    trained_NL = mask_NL & torch.tensor([r.trained for r in rows]).view(-1, 1)
+    trained_NL = mask_NL & model_NL & torch.tensor([r.trained for r in rows]).view(-1, 1)
     if settings.whiten:
         advantages_NL = whiten(advantages_NL, trained_NL)
     for i, r in enumerate(rows):

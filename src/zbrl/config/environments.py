@@ -1,0 +1,138 @@
+"""Multi-turn episodes: the environment the policy talks to between its turns
+(docs/environments.md).
+
+``environment`` is a plug-in union on ``type`` like the reward: the built-in ``tools`` environment
+(the model calls tools, the results come back as the next message) or a user environment by
+``package.module:Class``. Without an ``environment`` section a run is single-turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from zbrl.config.base import Section
+from zbrl.config.plugin import as_plugin_dict, check_import_path, plugin_union
+
+
+class EpisodeLimits(Section):
+    """When an episode stops, whatever the environment says."""
+
+    max_turns: int = Field(default=4, ge=1)
+    """Model turns per episode at most; an episode whose last allowed turn still calls a tool
+    ends there (counted in ``env/turn_limit``) and its final turn is scored as it is."""
+    max_total_tokens: int = Field(default=1024, ge=2)
+    """Tokens after the prompt at most (model and environment tokens together); a model turn is
+    cut at the budget (the episode is then truncated, ``env/token_limit``) and an environment
+    message that would not leave the model a token ends the episode."""
+    tool_timeout_s: float = Field(default=5.0, gt=0)
+    """Deadline of one tool call; past it the call is answered with an error
+    (``env/tool_timeouts``)."""
+
+
+class CalculatorTool(Section):
+    """Arithmetic on numbers: ``+ - * / // % **`` and parentheses, evaluated without ``eval``."""
+
+    type: Literal["calculator"] = "calculator"
+    """Tool discriminator."""
+    name: str = Field(default="calculator", min_length=1)
+    """Name the model calls it by (``hermes``: ``{"name": ...}``; the argument is
+    ``expression``)."""
+    tag: str = Field(default="calc", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Tag of the ``tags`` format: ``<calc>12*34</calc>``."""
+
+
+class PythonTool(Section):
+    """A Python program run in the code sandbox (rewards/sandbox.py, docs/sandbox.md); its stdout
+    (and the tail of its stderr on failure) is the result."""
+
+    type: Literal["python"] = "python"
+    """Tool discriminator."""
+    name: str = Field(default="python", min_length=1)
+    """Name the model calls it by (``hermes``: the argument is ``code``)."""
+    tag: str = Field(default="python", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Tag of the ``tags`` format: ``<python>print(1)</python>``."""
+    memory_mb: int = Field(default=512, ge=64)
+    """Address-space limit of the program."""
+    backend: Literal["auto", "bwrap", "rlimits"] = "auto"
+    """Sandbox backend (see ``reward.sandbox.backend``)."""
+
+
+class UserTool(Section):
+    """A tool class by import path: ``Class(**options)`` with ``name``, ``tag`` and
+    ``call(arguments: dict) -> str`` (docs/environments.md)."""
+
+    type: str
+    """``package.module:ToolClass``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options passed to the class."""
+
+    _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
+
+
+ToolConfig = plugin_union(CalculatorTool, PythonTool, UserTool)
+"""A tool: ``calculator``, ``python`` or ``package.module:ToolClass``."""
+
+
+class EnvironmentBase(Section):
+    """What every environment has."""
+
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    """Turn, token and tool-deadline limits."""
+    message_role: str = Field(default="tool", min_length=1)
+    """Chat role of the environment's messages, rendered through the model's chat template
+    (``tool`` for templates that know it; ``user`` for the embedded model's)."""
+    score_final_turn: bool = True
+    """Score the last model turn with the run's ``reward`` (added to the environment's own turn
+    rewards); False: the episode's reward is the environment's alone."""
+
+
+class ToolsEnvironment(EnvironmentBase):
+    """The model calls tools; each call's result is the next message; a turn without a call is
+    the final answer (scored by the run's ``reward``)."""
+
+    type: Literal["tools"] = "tools"
+    """Environment discriminator."""
+    tools: list[ToolConfig] = Field(default_factory=lambda: [CalculatorTool()], min_length=1)
+    """The tools the model may call."""
+    call_format: Literal["hermes", "tags"] = "hermes"
+    """``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen, Hermes and
+    most chat templates with tools); ``tags``: ``<TAG>argument</TAG>`` with each tool's ``tag``
+    (models without a tool-call format, e.g. the embedded one)."""
+    on_error: Literal["reply", "end"] = "reply"
+    """A malformed call, an unknown tool or a failing tool: ``reply`` answers with an error
+    message and the episode goes on; ``end`` ends the episode there. Both are counted."""
+    max_result_chars: int = Field(default=1000, ge=16)
+    """Longest tool result sent back; longer ones are cut with a note (``env/results_cut``)."""
+    stop_after_call: bool = False
+    """End a model turn as soon as it closes a call (the closing tag becomes a stop string);
+    False: the turn ends at EOS as usual."""
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [as_plugin_dict(v, CalculatorTool) for v in value]
+        return value
+
+
+class UserEnvironment(EnvironmentBase):
+    """An environment class by import path: ``Class(**options)`` with ``start(example)`` returning
+    an episode whose ``step(model_text)`` gives the next message (docs/environments.md)."""
+
+    type: str
+    """``package.module:EnvironmentClass``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options passed to the class."""
+
+    _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
+
+
+EnvironmentConfig = plugin_union(ToolsEnvironment, UserEnvironment)
+"""The environment of multi-turn episodes: ``tools`` or ``package.module:Class``."""
+
+
+def environment_shorthand(value: Any) -> Any:
+    """``environment: tools`` means the default tools environment; None stays single-turn."""
+    return None if value is None else as_plugin_dict(value, ToolsEnvironment)

@@ -1,0 +1,69 @@
+"""Environments and tools from their configuration (``environment`` of a RunConfig)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from zbrl.config.environments import CalculatorTool, PythonTool, ToolsEnvironment
+from zbrl.environments.base import Environment
+from zbrl.environments.tool_env import ToolEnvironment, ToolSettings
+from zbrl.environments.tools import Calculator, SandboxedPython, Tool
+from zbrl.errors import RunError as ConfigError
+
+
+def build_environment(cfg: Any) -> Environment:
+    """The environment of ``cfg`` (a ``ToolsEnvironment`` or ``UserEnvironment`` section)."""
+    if isinstance(cfg, ToolsEnvironment):
+        timeout = cfg.limits.tool_timeout_s
+        tools = [build_tool(t, timeout) for t in cfg.tools]
+        settings = ToolSettings(
+            call_format=cfg.call_format,
+            on_error=cfg.on_error,
+            max_result_chars=cfg.max_result_chars,
+            tool_timeout_s=timeout,
+            stop_after_call=cfg.stop_after_call,
+        )
+        try:
+            return ToolEnvironment(tools, settings)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    cls = import_object(cfg.type, "environment.type")
+    try:
+        env = cls(**cfg.options)
+    except TypeError as e:
+        raise ConfigError(f"environment.options do not fit {cfg.type}: {e}") from None
+    if not callable(getattr(env, "start", None)):
+        raise ConfigError(
+            f"environment.type: {cfg.type} has no start(example) method (docs/environments.md)"
+        )
+    return env
+
+
+def build_tool(cfg: Any, timeout_s: float) -> Tool:
+    if isinstance(cfg, CalculatorTool):
+        return Calculator(cfg.name, cfg.tag)
+    if isinstance(cfg, PythonTool):
+        return SandboxedPython(
+            cfg.name, cfg.tag, timeout_s=timeout_s, memory_mb=cfg.memory_mb, backend=cfg.backend
+        )
+    cls = import_object(cfg.type, "environment.tools[].type")
+    try:
+        tool = cls(**cfg.options)
+    except TypeError as e:
+        raise ConfigError(f"environment.tools: options do not fit {cfg.type}: {e}") from None
+    missing = [a for a in ("name", "tag", "argument", "call") if not hasattr(tool, a)]
+    if missing:
+        raise ConfigError(
+            f"environment.tools: {cfg.type} lacks {', '.join(missing)} (a tool has name, tag, "
+            "argument and call(arguments) -> str; docs/environments.md)"
+        )
+    return tool
+
+
+def import_object(path: str, field: str) -> Any:
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{field}: cannot import {path} ({e}); check the module path") from None

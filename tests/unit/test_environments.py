@@ -1,0 +1,209 @@
+"""The environment section, building environments and tools (built-in and by import path), the
+chat-template checks, the episode's reward, and what episodes put in the logs and metrics."""
+
+import sys
+import textwrap
+
+import pytest
+import torch
+from episode_stubs import TOKENIZER
+from pydantic import ValidationError
+
+from zbrl.config import RunConfig
+from zbrl.config.environments import CalculatorTool, PythonTool, ToolsEnvironment
+from zbrl.environments.build import build_environment
+from zbrl.environments.runner import EpisodeCompletion, episode_result, sum_counts
+from zbrl.environments.tool_env import ToolEnvironment
+from zbrl.environments.tools import Calculator, SandboxedPython
+from zbrl.environments.turns import TurnFormatter
+from zbrl.errors import RunError
+from zbrl.rewards.base import RewardResult
+from zbrl.training.consumer import _env_metrics, _episode_fields
+from zbrl.types import RolloutGroup
+
+
+def cfg(environment):
+    return RunConfig.model_validate({"environment": environment})
+
+
+def test_no_environment_is_single_turn_and_shorthands_expand():
+    assert RunConfig().environment is None
+    env = cfg("tools").environment
+    assert isinstance(env, ToolsEnvironment) and env.tools == [CalculatorTool()]
+    env = cfg({"call_format": "tags", "tools": ["calculator", {"type": "python"}]}).environment
+    assert env.type == "tools" and isinstance(env.tools[1], PythonTool)
+    assert env.limits.max_turns == 4 and env.message_role == "tool"
+
+
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ({"type": "tools", "options": {}}, "environment.tools.options"),
+        ({"type": "tools", "tools": []}, "at least 1 item"),
+        ({"type": "tools", "tools": [{"type": "python", "tag": "a b"}]}, "pattern"),
+        ({"type": "tools", "limits": {"max_turns": 0}}, "greater than or equal to 1"),
+        ({"type": "gym"}, "gym"),
+    ],
+)
+def test_bad_sections_are_refused_by_name(environment, message):
+    with pytest.raises(ValidationError, match=message):
+        cfg(environment)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_env_mod.py").write_text(
+        textwrap.dedent(
+            """
+            from zbrl.environments import EnvTurn
+
+            class Guess:
+                def __init__(self, secret=7):
+                    self.secret = secret
+
+                def start(self, example):
+                    return GuessEpisode(self.secret)
+
+            class GuessEpisode:
+                def __init__(self, secret):
+                    self.secret = secret
+
+                def step(self, text):
+                    if text.strip() == str(self.secret):
+                        return EnvTurn(message=None, reward=1.0, ans_acc=1.0)
+                    return EnvTurn(message="higher", reward=-0.1)
+
+            class Shout:
+                name, tag, argument = "shout", "shout", "text"
+
+                def call(self, arguments):
+                    return arguments["text"].upper()
+
+            class NotATool:
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_env_mod"
+    sys.modules.pop("my_env_mod", None)
+
+
+def test_user_environment_and_tool_by_import_path(user_module):
+    env = build_environment(
+        cfg({"type": f"{user_module}:Guess", "options": {"secret": 3}}).environment
+    )
+    episode = env.start({})
+    assert episode.step("1").message == "higher"
+    assert episode.step("3").ans_acc == 1.0
+    tools = build_environment(
+        cfg({"tools": [{"type": f"{user_module}:Shout"}], "call_format": "tags"}).environment
+    )
+    assert tools.start({}).step("<shout>hi</shout>").message == "HI"
+
+
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ({"type": "nowhere_mod:Env"}, "cannot import nowhere_mod:Env"),
+        ({"type": "{m}:Guess", "options": {"colour": 1}}, "environment.options do not fit"),
+        ({"type": "{m}:NotATool"}, "no start\\(example\\) method"),
+        ({"tools": [{"type": "{m}:NotATool"}]}, "lacks name, tag, argument, call"),
+        ({"tools": ["calculator", {"type": "calculator"}]}, "two tools share a name"),
+    ],
+)
+def test_build_errors_name_the_field(user_module, environment, message):
+    raw = {
+        k: (v.format(m=user_module) if isinstance(v, str) else v) for k, v in environment.items()
+    }
+    if "tools" in raw:
+        raw["tools"] = [
+            {**t, "type": t["type"].format(m=user_module)} if isinstance(t, dict) else t
+            for t in raw["tools"]
+        ]
+    with pytest.raises(RunError, match=message):
+        build_environment(cfg(raw).environment)
+
+
+def test_built_in_tools_get_the_limits():
+    env = build_environment(
+        cfg(
+            {
+                "tools": ["calculator", {"type": "python", "memory_mb": 128}],
+                "limits": {"tool_timeout_s": 2},
+            }
+        ).environment
+    )
+    assert isinstance(env, ToolEnvironment)
+    calc, python = env.tools["calculator"], env.tools["python"]
+    assert isinstance(calc, Calculator) and isinstance(python, SandboxedPython)
+    assert (python.timeout_s, python.memory_mb) == (2.0, 128)
+
+
+def test_formatter_refuses_a_role_the_template_does_not_know():
+    with pytest.raises(RunError, match=r"set environment\.message_role"):
+        TurnFormatter(TOKENIZER, "tool", eos_ids={TOKENIZER.eos_token_id})
+
+
+def test_formatter_refuses_a_template_that_rewrites_earlier_turns():
+    class Rewriting:
+        """Drops every assistant message but the last (as some reasoning templates do)."""
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            kept = [m for i, m in enumerate(messages) if m["role"] != "assistant" or i == last]
+            if messages[-1]["role"] != "assistant":
+                kept = [m for m in kept if m["role"] != "assistant"]
+            return "".join(f"[{m['role']}]{m['content']}" for m in kept)
+
+    with pytest.raises(RunError, match="not prefix-preserving"):
+        TurnFormatter(Rewriting(), "user", eos_ids=set())
+
+
+def episode(**kw):
+    base = dict(token_ids=torch.zeros(3, dtype=torch.long), logprobs=torch.zeros(3), text="t")
+    return EpisodeCompletion(**base, finish_reason="stop", **kw)
+
+
+def test_episode_reward_adds_the_environments_turn_rewards():
+    scored = RewardResult(reward=1.0, format_acc=1.0, ans_acc=1.0)
+    assert episode_result(episode(turn_reward=-0.25), scored).reward == 0.75
+    assert episode_result(episode(), scored) is scored
+    alone = episode_result(episode(turn_reward=0.5, env_ans_acc=0.0), None)
+    assert (alone.reward, alone.ans_acc) == (0.5, 0.0)
+    assert episode_result(episode(turn_reward=0.5), None).ans_acc == 1.0
+    counts = sum_counts(
+        [episode(counts={"turns": 2, "tool_calls": 1}), episode(counts={"turns": 1})]
+    )
+    assert counts == {"turns": 3.0, "tool_calls": 1.0}
+
+
+def test_rollout_log_and_metrics_of_episodes():
+    turns = [
+        {"role": "model", "start": 0, "end": 2, "text": "<calc>", "trained": True},
+        {"role": "env", "start": 2, "end": 4, "text": "6", "trained": False},
+    ]
+    group = RolloutGroup(
+        uid="u",
+        prompt_ids=[1],
+        response_ids=[torch.arange(4), torch.arange(2)],
+        behaviour_logprobs=[torch.zeros(4), torch.zeros(2)],
+        rewards=[1.0, 0.0],
+        format_acc=[1.0, 1.0],
+        ans_acc=[1.0, 0.0],
+        truncated=[False, False],
+        policy_version=0,
+        temperature=1.0,
+        producer=0,
+        loss_masks=[torch.tensor([True, True, False, False]), torch.tensor([True, True])],
+        episodes=[turns, turns[:1]],
+        env_counts={"turns": 3.0, "tool_calls": 1.0},
+    )
+    fields = _episode_fields(group)
+    assert fields["trained_tokens"] == [2, 2] and fields["response_tokens"] == [4, 2]
+    assert fields["turns"][0][1]["trained"] is False
+    assert _env_metrics([group], 2) == {"env/tool_calls": 0.5, "env/turns": 1.5}
+    single = RolloutGroup(
+        **{**group.__dict__, "loss_masks": None, "episodes": None, "env_counts": {}}
+    )
+    assert _episode_fields(single) == {} and _env_metrics([single], 2) == {}
