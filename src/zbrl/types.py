@@ -20,7 +20,8 @@ class EncodedPrompt:
     prompt_ids: list[int]
     """Prompt token ids with the generation prompt appended."""
     example: dict[str, Any]
-    """The reward function's view of the example (``messages``, ``gt_answer`` / ``test_cases``)."""
+    """The reward function's view of the example (``messages``, ``gt_answer`` / ``test_cases``,
+    and ``fields``: the dataset row's other columns)."""
 
 
 @dataclass

@@ -48,7 +48,8 @@ class RewardResult:
 
 
 Example = Mapping[str, Any]
-"""One dataset row: ``messages`` plus ``gt_answer`` (math) or ``test_cases`` (code)."""
+"""One dataset row: ``messages`` plus ``gt_answer`` (math) or ``test_cases`` (code), and
+``fields``: every other column of the row by name (see docs/datasets.md)."""
 
 
 @runtime_checkable
