@@ -140,7 +140,7 @@ def test_offline_probe_is_fast_and_tells_a_closed_port_from_an_open_one(monkeypa
         port = listener.getsockname()[1]
         assert hub._connect_error("127.0.0.1", port, 2.0) is None
     reason = hub._connect_error("127.0.0.1", port, 2.0)  # closed now
-    assert reason is not None and f"127.0.0.1:{port} does not answer" in reason
+    assert reason is not None and reason.startswith(f"127.0.0.1:{port}: ")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     assert hub.offline_reason() == "TRANSFORMERS_OFFLINE is set"
 

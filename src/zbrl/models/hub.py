@@ -70,13 +70,13 @@ def _connect_error(host: str, port: int, timeout_s: float) -> str | None:
             with socket.create_connection((host, port), timeout=timeout_s):
                 outcome.append(None)
         except OSError as exc:
-            outcome.append(f"{host}:{port} does not answer ({exc.strerror or exc})")
+            outcome.append(f"{host}:{port}: {exc.strerror or exc}")
 
     thread = threading.Thread(target=attempt, daemon=True, name="zbrl-hub-probe")
     thread.start()
     thread.join(timeout_s)
     if not outcome:
-        return f"{host}:{port} did not answer within {timeout_s:g} s"
+        return f"{host}:{port}: no answer within {timeout_s:g} s"
     return outcome[0]
 
 
@@ -112,7 +112,7 @@ def fetch_hub_model(repo_id: str, *, field: str) -> Path:
 def _offline_message(repo_id: str, field: str, reason: str | None) -> str:
     from huggingface_hub import constants
 
-    why = f"the hub is unreachable ({reason})" if reason else "the download failed"
+    why = f"the hub cannot be reached from here ({reason})" if reason else "the download failed"
     return (
         f"{field}={repo_id!r} is a Hugging Face Hub id, but {why} and the model is not in the "
         f"local hub cache ({constants.HF_HUB_CACHE}; no local directory of that name exists "
