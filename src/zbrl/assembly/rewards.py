@@ -79,15 +79,15 @@ def _primary(cfg: RunConfig) -> RewardFunction:
     }
     if isinstance(rw, MathRewardOptions) and rw.format_tags is not None:
         options["tags"] = tuple(rw.format_tags)
-    return build_reward(rw.type, **options)
-
-
-def length_shaping(cfg: RunConfig) -> LengthShaping | None:
     if isinstance(rw, ReasoningGymReward):
         options["extract"] = rw.extract
         source = cfg.data.source
         if isinstance(source, ReasoningGymSource):  # score with the tasks' own configs
             options["tasks"] = [t.model_dump() for t in source.tasks]
+    return build_reward(rw.type, **options)
+
+
+def length_shaping(cfg: RunConfig) -> LengthShaping | None:
     rw = cfg.reward
     if not isinstance(rw, LengthShapingOptions) or not rw.soft_overlong_punishment:
         return None

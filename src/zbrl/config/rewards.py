@@ -91,10 +91,6 @@ class BoxedReward(MathRewardOptions):
     """Reward discriminator."""
 
 
-class CodeReward(LengthShapingOptions):
-    """The last ```` ```python ```` block run against ``test_cases`` in the local sandbox."""
-
-    type: Literal["code"] = "code"
 class LastNumberReward(AnswerScoreOptions):
     """The last number in the response compared with ``gt_answer`` (math_verify)."""
 
@@ -118,6 +114,10 @@ class ReasoningGymReward(AnswerScoreOptions):
     ``\\boxed{}``). The default system prompt asks for that format."""
 
 
+class CodeReward(LengthShapingOptions):
+    """The last ```` ```python ```` block run against ``test_cases`` in the local sandbox."""
+
+    type: Literal["code"] = "code"
     """Reward discriminator."""
     correct_reward: float = Field(default=1.0, ge=0)
     """Reward when every test passes (with valid format); 0 otherwise."""
