@@ -64,7 +64,12 @@ class Shared:
 
     def __init__(self, cfg, cores: int) -> None:
         from zbrl.assembly.artifacts import prepare_artifacts
-        from zbrl.assembly.models import load_policy, load_tokenizer, quiet_transformers
+        from zbrl.assembly.models import (
+            compute_dtype,
+            load_policy,
+            load_tokenizer,
+            quiet_transformers,
+        )
         from zbrl.assembly.rewards import build_reward_fn
         from zbrl.assembly.settings import eval_sampling_params
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
@@ -81,7 +86,7 @@ class Shared:
             raise SystemExit(f"need exactly one eval set, the recipe has {sorted(eval_sets)}")
         ((self.eval_name, eval_prompts),) = eval_sets.items()
         self.reward_fn = build_reward_fn(cfg)
-        self.load_policy = lambda path: load_policy(cfg, Path(path))
+        self.load_policy = lambda path: load_policy(cfg, Path(path), compute_dtype(cfg))
         self.backend = TransformersBackend(
             self.load_policy(self.artifacts.model_dir), self.tokenizer
         )
@@ -180,11 +185,9 @@ def zbrl_timing(run_dir: Path, eval_every: int, cfg) -> dict[str, Any]:
 
 
 def zbrl_curve(shared: Shared, run: dict[str, Any], initial: float) -> list[CurvePoint]:
-    from zbrl.assembly.models import load_policy
-
     points = [CurvePoint(0, 0.0, initial)]
     for step, (seconds, path) in sorted(run["checkpoints"].items()):
-        state = load_policy(shared.cfg, Path(path)).state_dict()
+        state = shared.load_policy(path).state_dict()
         points.append(CurvePoint(step, seconds, shared.accuracy(state)))
     return points
 

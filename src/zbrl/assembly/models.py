@@ -27,12 +27,20 @@ def device_of(cfg: RunConfig) -> torch.device:
     return torch.device(cfg.training.device)
 
 
-def load_policy(cfg: RunConfig, model_dir: Path):
+def compute_dtype(cfg: RunConfig) -> torch.dtype:
+    """dtype of the training forward/backward passes, of the frozen reference and of inference
+    (``model.dtype``); trained weights and optimizer state are float32 whatever it is."""
+    return getattr(torch, cfg.model.dtype)
+
+
+def load_policy(cfg: RunConfig, model_dir: Path, dtype: torch.dtype):
+    """The causal LM in ``model_dir`` with its parameters in ``dtype``: float32 for a trained
+    model (the master weights), :func:`compute_dtype` for inference and the frozen reference."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
         model_dir,
-        dtype=getattr(torch, cfg.model.dtype),
+        dtype=dtype,
         trust_remote_code=cfg.model.trust_remote_code,
     )
 
@@ -72,7 +80,7 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
         from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
 
         settings = VllmSettings(
-            dtype=cfg.model.dtype,
+            dtype=cfg.model.dtype,  # the inference dtype (published weights are cast to it)
             seed=torch.initial_seed() % 2**31,  # the process's seed (set per worker)
             max_model_len=backend.max_model_len,
             enforce_eager=backend.enforce_eager,
@@ -85,32 +93,38 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
     tokenizer = load_tokenizer(cfg, tokenizer_dir)
-    return TransformersBackend(load_policy(cfg, model_dir), tokenizer, device=device_of(cfg))
+    model = load_policy(cfg, model_dir, compute_dtype(cfg))
+    return TransformersBackend(model, tokenizer, device=device_of(cfg))
 
 
 def build_engine(
     cfg: RunConfig, model_dir: Path, total_steps: int, reference_dir: Path | None = None
 ):
-    """The training engine of ``training.engine``: the policy from ``model_dir`` (and a frozen
-    reference when ``beta > 0``, from ``reference_dir``, by default the same), AdamW and the LR
-    schedule over ``total_steps`` train steps. ``ddp`` and ``fsdp2`` need this process to be in
-    the consumers' group already (:func:`zbrl.training.distributed.join_group`)."""
+    """The training engine of ``training.engine``: the policy from ``model_dir`` in float32 (the
+    master weights; the engine computes in :func:`compute_dtype`), a frozen reference in the
+    compute dtype when ``beta > 0`` (from ``reference_dir``, by default the same), AdamW and the
+    LR schedule over ``total_steps`` train steps. ``ddp`` and ``fsdp2`` need this process to be
+    in the consumers' group already (:func:`zbrl.training.distributed.join_group`)."""
+    from zbrl.training.engine.precision import MASTER_DTYPE
     from zbrl.training.engine.single import SingleProcessEngine
 
     device = device_of(cfg)
-    policy = load_policy(cfg, model_dir).to(device)
+    dtype = compute_dtype(cfg)
+    policy = load_policy(cfg, model_dir, MASTER_DTYPE).to(device)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     reference = None
     if cfg.algorithm.beta > 0:
-        reference = load_policy(cfg, reference_dir or model_dir).to(device).eval()
+        reference = load_policy(cfg, reference_dir or model_dir, dtype).to(device).eval()
         reference.requires_grad_(False)
     make_optimizer = optimizer_factory(cfg, total_steps)
     engine = cfg.training.engine
     if engine.type == "ddp":
         from zbrl.training.engine.ddp import DdpEngine
 
-        return DdpEngine(policy, make_optimizer, reference=reference, device=device)
+        return DdpEngine(
+            policy, make_optimizer, reference=reference, device=device, compute_dtype=dtype
+        )
     if engine.type == "fsdp2":
         from zbrl.training.engine.fsdp2 import Fsdp2Engine
 
@@ -120,6 +134,7 @@ def build_engine(
             reference=reference,
             device=device,
             reshard_after_forward=engine.reshard_after_forward,
+            compute_dtype=dtype,
         )
     optimizer, scheduler = make_optimizer(policy.parameters())
     critic, critic_optimizer = build_critic(cfg, model_dir, device)
@@ -131,20 +146,23 @@ def build_engine(
         critic=critic,
         critic_optimizer=critic_optimizer,
         device=device,
+        compute_dtype=dtype,
     )
 
 
 def build_critic(cfg: RunConfig, model_dir: Path, device: torch.device):
     """PPO's value model (the policy's backbone and a zero-initialised scalar head, see
-    :mod:`zbrl.models.value_model`) and its AdamW, or (None, None) without ``algorithm.critic``."""
+    :mod:`zbrl.models.value_model`) in float32 (master weights; the engine runs it in the compute
+    dtype) and its AdamW, or (None, None) without ``algorithm.critic``."""
     critic_cfg = cfg.algorithm.critic
     if critic_cfg is None:
         return None, None
     from zbrl.models.value_model import ValueModel
+    from zbrl.training.engine.precision import MASTER_DTYPE
 
     critic = ValueModel.from_pretrained(
         model_dir,
-        dtype=getattr(torch, cfg.model.dtype),
+        dtype=MASTER_DTYPE,
         trust_remote_code=cfg.model.trust_remote_code,
     ).to(device)
     if cfg.model.gradient_checkpointing:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+
+FLOAT16_REFUSED = (
+    "model.dtype=float16 is not supported: float16 training needs a dynamic loss scaler, which "
+    "zbrl does not have; use model.dtype=bfloat16 (same memory and speed on GPUs from Ampere on, "
+    "no loss scaling needed) or float32"
+)
+"""Why ``model.dtype=float16`` is refused, and what to use instead (docs/precision.md)."""
 
 EMBEDDED = "embedded"
 """``model.path`` / ``data.train_path`` value that selects the embedded default (DESIGN §4)."""
@@ -41,10 +48,21 @@ class ModelConfig(Section):
     """A Jinja chat template replacing the tokenizer's own: the template text, or the path of a
     ``.jinja`` file. None keeps the tokenizer's template; a tokenizer without one is refused."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of the trained and the inference model."""
+    """Compute dtype: the training forward/backward passes (autocast, or FSDP2's mixed-precision
+    policy), the frozen reference, and the weights producers and the evaluator generate with
+    (published weights are cast to it). The trained weights (policy and critic) and the
+    optimizer state are float32 whatever this is; checkpoints hold those float32 weights.
+    ``float16`` is refused (it needs loss scaling; use ``bfloat16``). See docs/precision.md."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow custom modelling code shipped in the model directory."""
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     """Warm start of the embedded model (cached in ``logging.cache_dir``)."""
+
+    @field_validator("dtype")
+    @classmethod
+    def _no_float16(cls, value: str) -> str:
+        if value == "float16":
+            raise ValueError(FLOAT16_REFUSED)
+        return value

@@ -11,7 +11,13 @@ from typing import Any
 import torch
 
 from zbrl.assembly.environments import build_episode_runner
-from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer, quiet_transformers
+from zbrl.assembly.models import (
+    build_backend,
+    build_trainer,
+    compute_dtype,
+    load_tokenizer,
+    quiet_transformers,
+)
 from zbrl.assembly.rewards import build_reward_fn
 from zbrl.assembly.settings import (
     broadcast_settings,
@@ -182,6 +188,7 @@ class ConsumerWorker:
             WeightStoreClient(RayHandle(store)),
             self.recorder,
             broadcast=broadcast_settings(cfg, node_address()),
+            dtype=compute_dtype(cfg),  # the producers' and evaluator's inference dtype
         )
         self.consumer = Consumer(
             consumer_settings(cfg, run_dir),

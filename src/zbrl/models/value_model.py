@@ -4,6 +4,10 @@ checkpoint, without its LM head) and a scalar head, zero-initialised so every va
 Why a separate model rather than a value head on the policy: the policy's weights stay exactly the
 published ones (weight sync sends the policy alone), the value loss never reaches the policy's
 gradient, and the critic has its own optimizer and learning rate.
+
+Precision: like the policy, the critic is trained in float32 (its master weights and AdamW state)
+and the engine runs its forward pass under autocast to the compute dtype
+(:mod:`zbrl.training.engine.precision`); the values come out float32 either way.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class ValueModel(torch.nn.Module):
     def from_pretrained(
         cls, model_dir: str | Path, *, dtype: torch.dtype, trust_remote_code: bool
     ) -> ValueModel:
+        """The backbone of ``model_dir`` and a new head, all parameters in ``dtype`` (float32
+        for training)."""
         from transformers import AutoModel
 
         backbone = AutoModel.from_pretrained(

@@ -1,5 +1,7 @@
 """The data-parallel engine (torch DDP): every rank holds the full policy and optimizer state;
-gradients are all-reduced (averaged) once per optimizer step, after the last micro-batch."""
+gradients are all-reduced (averaged) once per optimizer step, after the last micro-batch. The
+policy is float32 (master weights); forward passes run under autocast to the compute dtype
+(:mod:`.precision`), so the gradients DDP reduces are float32."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import cpu_snapshot
 from zbrl.training.model_inputs import ModelInputs
@@ -40,7 +43,10 @@ class DdpEngine(RankedEngine):
         *,
         reference: torch.nn.Module | None = None,
         device: torch.device | str = "cpu",
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
+        self.compute_dtype = check_compute_dtype(compute_dtype)
+        check_master(policy, "policy")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
@@ -59,7 +65,11 @@ class DdpEngine(RankedEngine):
         return nullcontext() if last else self.ddp.no_sync()
 
     def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
-        return inputs.logits(self.ddp)
+        with self._forward_context():
+            return inputs.logits(self.ddp)
+
+    def _forward_context(self) -> AbstractContextManager[Any]:
+        return autocast(self.device, self.compute_dtype)
 
     def clip_and_step(self, max_norm: float) -> float:
         # the gradients are identical on every rank after the all-reduce: so is the norm

@@ -11,6 +11,11 @@ root, so parameters, gradients and optimizer state are split over the ranks.
   only; other ranks get an empty dict.
 - Tied embeddings (``lm_head.weight`` is ``embed_tokens.weight``) stay one parameter: neither the
   embedding nor the head is sharded on its own; both belong to the root's group.
+- Mixed precision (:mod:`.precision`): the sharded parameters and the optimizer state are
+  float32 (the master weights); with a lower compute dtype, FSDP2's ``MixedPrecisionPolicy``
+  all-gathers the parameters in it (``param_dtype``) and reduce-scatters gradients in float32
+  (``reduce_dtype``), so the optimizer sees float32 gradients. Full weights are gathered in
+  float32.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from zbrl.training.engine.ddp import OptimizerFactory
+from zbrl.training.engine.precision import MASTER_DTYPE, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import cpu_snapshot
 from zbrl.training.model_inputs import ModelInputs
@@ -56,18 +62,34 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool) -> None:
-    """``fully_shard`` each decoder layer, then the root (in place)."""
+def mixed_precision(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
+    """Compute (and all-gather parameters) in ``compute_dtype``, reduce gradients in float32;
+    float32 compute is FSDP2's default policy."""
+    if compute_dtype == MASTER_DTYPE:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=MASTER_DTYPE)
+
+
+def shard_model(
+    model: torch.nn.Module,
+    device: torch.device,
+    reshard_after_forward: bool,
+    mp_policy: MixedPrecisionPolicy | None = None,
+) -> None:
+    """``fully_shard`` each decoder layer, then the root (in place), under ``mp_policy``."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    kwargs["mp_policy"] = mp_policy or MixedPrecisionPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
 
 
 class Fsdp2Engine(RankedEngine):
     """:class:`~zbrl.training.engine.base.Engine` over FSDP2 in an initialised process group.
 
-    ``policy`` (and ``reference``, sharded the same way, forward only) must be on ``device``.
+    ``policy`` (float32, the master weights) and ``reference`` (sharded the same way, forward
+    only) must be on ``device``; both compute in ``compute_dtype``.
     :meth:`state_dict` / :meth:`load_state_dict` are collectives and use *full* states on rank 0
     (independent of the number of ranks; see their docstrings).
     """
@@ -80,13 +102,17 @@ class Fsdp2Engine(RankedEngine):
         reference: torch.nn.Module | None = None,
         device: torch.device | str = "cpu",
         reshard_after_forward: bool = True,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
+        self.compute_dtype = check_compute_dtype(compute_dtype)
+        check_master(policy, "policy")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
-        shard_model(policy, self.device, reshard_after_forward)
+        mp_policy = mixed_precision(self.compute_dtype)
+        shard_model(policy, self.device, reshard_after_forward, mp_policy)
         if reference is not None:
-            shard_model(reference, self.device, reshard_after_forward)
+            shard_model(reference, self.device, reshard_after_forward, mp_policy)
         self.policy = policy
         self.reference = reference
         self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
@@ -101,6 +127,9 @@ class Fsdp2Engine(RankedEngine):
 
     def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
         return inputs.logits(self.policy)
+
+    def _forward_context(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # the mixed-precision policy casts at module boundaries
 
     def clip_and_step(self, max_norm: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]

@@ -1,9 +1,10 @@
 """What the data-parallel engines (DDP, FSDP2) share: the frozen reference, the loss scaling for
-gradient averaging, and the collectives over the consumers' process group."""
+gradient averaging, the collectives over the consumers' process group, and the compute dtype."""
 
 from __future__ import annotations
 
-from typing import Literal
+from contextlib import AbstractContextManager
+from typing import Any, Literal
 
 import torch
 
@@ -23,19 +24,25 @@ def reference_logits(reference: torch.nn.Module | None, inputs: ModelInputs) -> 
 
 class RankedEngine:
     """Base of the engines whose ranks average gradients over the process group; subclasses set
-    ``world_size``, ``device``, ``reference`` and ``optimizer``."""
+    ``world_size``, ``device``, ``reference``, ``optimizer`` and ``compute_dtype``, and say how a
+    forward pass computes in it (:meth:`_forward_context`)."""
 
     world_size: int
     device: torch.device
     reference: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
+    compute_dtype: torch.dtype
+
+    def _forward_context(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
 
     @property
     def has_reference(self) -> bool:
         return self.reference is not None
 
     def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
-        return reference_logits(self.reference, inputs)
+        with self._forward_context():
+            return reference_logits(self.reference, inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss * self.world_size).backward()  # the reduction averages: scale back to the sum

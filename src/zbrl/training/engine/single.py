@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from zbrl.algorithms.aggregation import Normalisers
+from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import reference_logits
 from zbrl.training.model_inputs import ModelInputs
 
@@ -16,9 +17,10 @@ from zbrl.training.model_inputs import ModelInputs
 class SingleProcessEngine:
     """:class:`~zbrl.training.engine.base.Engine` for one process (rank 0 of 1).
 
-    Takes a built policy (already on ``device``), its optimizer and LR scheduler, an optional
-    frozen reference model, and an optional critic (a value model on ``device``) with its own
-    optimizer.
+    Takes a built policy (already on ``device``, float32: the master weights), its optimizer
+    and LR scheduler, an optional frozen reference model, and an optional critic (a value model
+    on ``device``, float32) with its own optimizer. Forward passes of all three run under
+    autocast to ``compute_dtype`` (see :mod:`.precision`).
     """
 
     rank = 0
@@ -34,9 +36,14 @@ class SingleProcessEngine:
         critic: torch.nn.Module | None = None,
         critic_optimizer: torch.optim.Optimizer | None = None,
         device: torch.device | str = "cpu",
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         if (critic is None) != (critic_optimizer is None):
             raise ValueError("a critic needs its optimizer (pass both critic and critic_optimizer)")
+        self.compute_dtype = check_compute_dtype(compute_dtype)
+        check_master(policy, "policy")
+        if critic is not None:
+            check_master(critic, "critic")
         self.policy = policy
         self.reference = reference
         self.critic = critic
@@ -64,7 +71,8 @@ class SingleProcessEngine:
     def critic_values(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
         if self.critic is None:
             raise ValueError("this engine has no critic (algorithm.critic is not set)")
-        return self.critic(input_ids_BT, attention_BT)
+        with self._autocast():
+            return self.critic(input_ids_BT, attention_BT)
 
     def critic_backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -80,10 +88,15 @@ class SingleProcessEngine:
         return nullcontext()
 
     def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
-        return inputs.logits(self.policy)
+        with self._autocast():
+            return inputs.logits(self.policy)
 
     def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
-        return reference_logits(self.reference, inputs)
+        with self._autocast():
+            return reference_logits(self.reference, inputs)
+
+    def _autocast(self):
+        return autocast(self.device, self.compute_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

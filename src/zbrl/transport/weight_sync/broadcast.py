@@ -244,12 +244,16 @@ class BroadcastPublisher(BackgroundSender):
         store: WeightStoreClient,
         settings: BroadcastSettings,
         recorder: SpanRecorder | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        """``dtype``: the receivers' inference dtype; floating-point tensors are cast to it as
+        they are staged (None: sent as given)."""
         check_bindable(settings.address)
         super().__init__("weight-broadcast")
         self._store = store
         self._s = settings
         self._recorder = recorder
+        self._dtype = dtype
         self._layout: Layout | None = None
         self._spare: torch.Tensor | None = None  # a sent, superseded staging buffer to reuse
         self._pending: _Staged | None = None
@@ -261,8 +265,9 @@ class BroadcastPublisher(BackgroundSender):
     def publish(self, version: int, named_tensors: NamedTensors) -> None:
         self._raise_if_failed()
         layout = self._layout
-        if layout is None or layout.signature() != plan_layout(named_tensors, 1).signature():
-            layout = self._layout = plan_layout(named_tensors, self._s.bucket_bytes)
+        wanted = plan_layout(named_tensors, 1, self._dtype).signature()
+        if layout is None or layout.signature() != wanted:
+            layout = self._layout = plan_layout(named_tensors, self._s.bucket_bytes, self._dtype)
         with self._cond:
             spare, self._spare = self._spare, None
         if spare is None or spare.numel() != layout.total_bytes:

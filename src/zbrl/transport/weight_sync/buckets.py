@@ -48,16 +48,21 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_layout(named_tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> Layout:
-    """The layout of ``named_tensors`` (in their order) with buckets of ``bucket_bytes``."""
+def plan_layout(
+    named_tensors: Mapping[str, torch.Tensor], bucket_bytes: int, dtype: torch.dtype | None = None
+) -> Layout:
+    """The layout of ``named_tensors`` (in their order) with buckets of ``bucket_bytes``; with
+    ``dtype``, floating-point tensors get slots of that dtype (:func:`flatten_into` casts them
+    as it copies: the receivers' inference dtype, so fewer bytes go over the wire)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     slots, offset = [], 0
     for name, tensor in named_tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        slots.append(
-            TensorSlot(name, _dtype_name(tensor.dtype), tuple(tensor.shape), offset, nbytes)
-        )
+        slot_dtype = tensor.dtype
+        if dtype is not None and tensor.is_floating_point():
+            slot_dtype = dtype
+        nbytes = tensor.numel() * slot_dtype.itemsize
+        slots.append(TensorSlot(name, _dtype_name(slot_dtype), tuple(tensor.shape), offset, nbytes))
         offset += -(-nbytes // ALIGN) * ALIGN
     return Layout(tuple(slots), offset, bucket_bytes)
 
@@ -70,7 +75,8 @@ def _view(flat: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
 def flatten_into(
     named_tensors: Mapping[str, torch.Tensor], layout: Layout, flat: torch.Tensor
 ) -> torch.Tensor:
-    """Copy every tensor into its slot of ``flat`` (uint8, ``layout.total_bytes`` long)."""
+    """Copy every tensor into its slot of ``flat`` (uint8, ``layout.total_bytes`` long), cast to
+    the slot's dtype."""
     for slot in layout.slots:
         _view(flat, slot).copy_(named_tensors[slot.name].detach())
     return flat

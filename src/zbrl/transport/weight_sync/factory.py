@@ -3,6 +3,8 @@ discriminated union on ``type``)."""
 
 from __future__ import annotations
 
+import torch
+
 from zbrl.config.transport import WeightSyncConfig
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
@@ -21,13 +23,16 @@ def build_publisher(
     recorder: SpanRecorder | None = None,
     *,
     broadcast: BroadcastSettings | None = None,
+    dtype: torch.dtype | None = None,
 ) -> WeightPublisher:
     """The consumer's publisher. ``store`` is the run's weight store (it also coordinates the
-    broadcast group); ``broadcast`` is required for ``type: broadcast``."""
+    broadcast group); ``broadcast`` is required for ``type: broadcast``; ``dtype`` is the
+    receivers' inference dtype, to which floating-point weights are cast before they are sent
+    (None: as given)."""
     if sync.type == "object_store":
-        return ObjectStorePublisher(store, recorder)
+        return ObjectStorePublisher(store, recorder, dtype)
     if sync.type == "broadcast":
-        return BroadcastPublisher(store, _need(broadcast), recorder)
+        return BroadcastPublisher(store, _need(broadcast), recorder, dtype)
     raise ValueError(f"transport.weight_sync.type={sync.type!r} has no implementation")
 
 

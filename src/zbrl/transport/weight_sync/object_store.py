@@ -147,28 +147,46 @@ class WeightStore:
             return None
 
 
-def cpu_copy(named_tensors: NamedTensors) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of every tensor (the staging buffer of one version)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in named_tensors.items()}
+def cpu_copy(
+    named_tensors: NamedTensors, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of every tensor (the staging buffer of one version); with ``dtype``,
+    floating-point tensors are cast to it (on their own device first, so a GPU model sends the
+    smaller tensors over PCIe)."""
+    return {k: _cpu_copy(v.detach(), dtype) for k, v in named_tensors.items()}
+
+
+def _cpu_copy(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor.to("cpu", copy=True)
+    cast = tensor.to(dtype)  # a new tensor
+    return cast if cast.device.type == "cpu" else cast.to("cpu")
 
 
 class ObjectStorePublisher(BackgroundSender):
-    """Consumer side: copy to staging on the calling thread, send from a background thread.
+    """Consumer side: copy to staging on the calling thread (floating-point tensors cast to
+    ``dtype``, the receivers' inference dtype, when given), send from a background thread.
     ``_pending``: ``(version, staged tensors, staged at)``."""
 
     what = "published"
     failure = "weight publishing"
 
-    def __init__(self, store: WeightStoreClient, recorder: SpanRecorder | None = None) -> None:
+    def __init__(
+        self,
+        store: WeightStoreClient,
+        recorder: SpanRecorder | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__("weight-publisher")
         self._store = store
         self._recorder = recorder
+        self._dtype = dtype
         self._thread.start()
 
     def publish(self, version: int, named_tensors: NamedTensors) -> None:
         """Stage ``version`` and return at once; the send happens in the background."""
         self._raise_if_failed()
-        staged = cpu_copy(named_tensors)
+        staged = cpu_copy(named_tensors, self._dtype)
         with self._cond:
             self._pending = (version, staged, time.time())
             self._cond.notify_all()
