@@ -47,6 +47,15 @@ class LaunchConfig(Section):
     max_producer_restarts: int = Field(default=3, ge=0)
     """Producers that die (their process is gone) are re-created this many times in all; the
     next death ends the run, leaving a resumable checkpoint."""
+    max_consumer_restarts: int = Field(default=3, ge=0)
+    """Consumer processes that die are replaced this many times in all: every worker is
+    re-created from the newest checkpoint (the whole data-parallel gang, the producers, the
+    buffer) and the steps since that checkpoint are trained again; the next death ends the run."""
+    stop_grace_s: float | None = Field(default=None, gt=0)
+    """Seconds a stopping run (a signal, or a failure the consumer survives) waits for the
+    consumer's stop checkpoint and for the roles to return. None sizes it from the run's own
+    measurements: 2 x (the longest train step + the longest checkpoint write) + 20 s, with the
+    write estimated from the policy's size on disk until one has been measured."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
     lend_threads: bool = False

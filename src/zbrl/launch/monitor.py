@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from zbrl.config import RunConfig
+from zbrl.launch.stop_grace import MeasuredTimes
 from zbrl.telemetry.idle import role_idle_frac, worker_utilisation
 from zbrl.telemetry.metrics import JsonlSink, MetricsSink, MultiSink
 from zbrl.telemetry.overlap import Overlap, overlap
-from zbrl.telemetry.spans import Span, as_span
+from zbrl.telemetry.spans import CHECKPOINT, TRAIN_STEP, Span, as_span
 from zbrl.telemetry.timeline import TimelineWriter, read_timeline
 from zbrl.transport.clients import HubClient
 
@@ -61,13 +62,17 @@ class RunMonitor:
         self._bar = _progress_bar(cfg, total_steps, start_step)
         self._postfix: dict[str, str] = {}
         self._idle_refreshed_at = 0.0
+        self._longest_s: dict[str, float] = {}
+        """Longest ``train_step`` and ``checkpoint`` span so far (sizes the stop grace)."""
 
     def poll(self) -> None:
         """Drain the hub: append spans, log metrics, write rollouts, refresh the bar."""
         drained = self.hub.drain(timeout=60)
         if drained["spans"]:
             self.timeline.write(drained["spans"])
-            self._keep_recent([as_span(s) for s in drained["spans"]])
+            spans = [as_span(s) for s in drained["spans"]]
+            self._keep_recent(spans)
+            self._keep_longest(spans)
         for step, metrics in drained["metrics"]:
             self.step_metrics[step] = metrics
             self.sink.log(step, _finite(metrics))
@@ -103,6 +108,19 @@ class RunMonitor:
         self.timeline.write([span])
         self._keep_recent([span])
 
+    def measured(self) -> MeasuredTimes:
+        """The longest train step and checkpoint write seen so far (None: none yet)."""
+        return MeasuredTimes(self._longest_s.get(TRAIN_STEP), self._longest_s.get(CHECKPOINT))
+
+    def rewind(self, step: int) -> None:
+        """The run continues from ``step`` again (the consumers were re-created from its
+        checkpoint): forget the metrics of later steps and move the progress bar back."""
+        self.step_metrics = {k: v for k, v in self.step_metrics.items() if k <= step}
+        if self._bar is not None and step < self.latest_step:
+            self._bar.n = step
+            self._bar.refresh()
+        self.latest_step = step
+
     def run_figures(self, end: float) -> tuple[dict[str, float], Overlap | None]:
         """The idle fraction of each role over the whole run (from ``window_start`` to ``end``)
         and its overlap figures, from this segment's spans in ``timeline.jsonl``."""
@@ -116,6 +134,11 @@ class RunMonitor:
         self._newest_end = max([self._newest_end, *(s.end for s in spans)])
         while self.recent and self.recent[0].end < self._newest_end - LIVE_WINDOW_S:
             self.recent.popleft()
+
+    def _keep_longest(self, spans: list[Span]) -> None:
+        for s in spans:
+            if s.name in (TRAIN_STEP, CHECKPOINT):
+                self._longest_s[s.name] = max(self._longest_s.get(s.name, 0.0), s.duration)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -27,12 +27,11 @@ from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
 from zbrl.launch.signals import StopSignals
 from zbrl.launch.spawn import Spawner, Workers
+from zbrl.launch.stop_grace import stop_grace_s, weights_bytes
 from zbrl.telemetry.spans import RESTART
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.handles import RayHandle
 
-STOP_GRACE_S = 25.0
-"""How long a stopping run waits for the consumer's checkpoint and the roles to return."""
 READY_TIMEOUT_S = 900.0
 """How long a re-created producer may take to build its model and backend."""
 
@@ -48,7 +47,7 @@ class Outcome:
     failure: RunFailed | None = None
     """What ended the run early, if anything did."""
     stop_timed_out: bool = False
-    """The roles did not return within ``STOP_GRACE_S`` of the stop."""
+    """The roles did not return within the stop grace (:mod:`zbrl.launch.stop_grace`)."""
     producer_restarts: int = 0
     evaluator_failures: int = 0
     evals: dict[int, dict] = field(default_factory=dict)
@@ -77,6 +76,7 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._eval_ref: Any = None
         self._next_eval = cfg.eval.interval or None
+        self._weights_bytes = weights_bytes(spawner.start.model_dir)
 
     def run(self) -> Outcome:
         import ray
@@ -179,8 +179,22 @@ class Supervisor:
                 self._request_stop()
 
     def _request_stop(self) -> None:
-        self._stop_deadline = time.monotonic() + STOP_GRACE_S
+        self.monitor.poll()  # the newest step and checkpoint times
+        grace = self.stop_grace_s()
+        self._stop_deadline = time.monotonic() + grace
+        print(
+            f"[zbrl] waiting up to {grace:.0f}s for the current step and the stop checkpoint "
+            "(launch.stop_grace_s)",
+            file=sys.stderr,
+            flush=True,
+        )
         self.buffer.request_stop()
+
+    def stop_grace_s(self) -> float:
+        """How long a stop waits now: ``launch.stop_grace_s``, or sized from the run's longest
+        step and checkpoint write (see :mod:`zbrl.launch.stop_grace`)."""
+        override = self.cfg.launch.stop_grace_s
+        return stop_grace_s(override, self.monitor.measured(), self._weights_bytes)
 
     # -- evaluation ------------------------------------------------------------------------------
 

@@ -40,7 +40,9 @@ EVAL = "eval"
 STARTUP = "startup"
 """Model/engine construction before the first real work."""
 RESTART = "restart"
-"""Producer: its process died; from the death being noticed until its replacement is ready."""
+"""A worker's process died: from the death being noticed until its replacement is ready."""
+CHECKPOINT = "checkpoint"
+"""Consumer: writing a resumable checkpoint (the stop grace is sized from these)."""
 
 IDLE_SPANS: frozenset[str] = frozenset({WAIT_FOR_DATA, WAIT_FOR_WEIGHTS, RESTART})
 """Span names that count as idle time when they occur on a worker's main thread."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from zbrl.rng import rng_state, set_rng_state
-from zbrl.telemetry.spans import TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
+from zbrl.telemetry.spans import CHECKPOINT, TRAIN_STEP, WAIT_FOR_DATA, SpanRecorder
 from zbrl.training.checkpoint import BUFFER_FILE, TRAINER_FILE, prune, save_checkpoint
 from zbrl.training.train_step import Trainer
 from zbrl.transport.clients import BufferClient
@@ -233,13 +233,16 @@ class Consumer:
         this consumer's state and the buffer's, taken together between steps."""
         engine = self.trainer.engine
         path = Path(self.settings.checkpoint_dir) / f"step-{self.version}"
-        trainer_state = self.state()  # every rank: a collective on sharded engines
-        state = (
-            {TRAINER_FILE: trainer_state, BUFFER_FILE: self.buffer.state()} if not self.rank else {}
-        )
-        saved = save_checkpoint(engine, self.tokenizer, path, state=state)
-        if self.rank == 0:
-            prune(self.settings.checkpoint_dir, self.settings.save_keep)
+        with self.recorder.span(CHECKPOINT, step=self.version):
+            trainer_state = self.state()  # every rank: a collective on sharded engines
+            state = (
+                {TRAINER_FILE: trainer_state, BUFFER_FILE: self.buffer.state()}
+                if not self.rank
+                else {}
+            )
+            saved = save_checkpoint(engine, self.tokenizer, path, state=state)
+            if self.rank == 0:
+                prune(self.settings.checkpoint_dir, self.settings.save_keep)
         if engine.world_size > 1:
             # no rank may take the next step's batch before rank 0 captured the buffer's state
             engine.all_reduce([0.0], "sum")
