@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,12 @@ def task_files(tmp_path_factory):
     from zbrl.data.synthetic import write_task
 
     return write_task(tmp_path_factory.mktemp("task"), n_train=64, n_eval=16, seed=3)
+
+
+@pytest.fixture(scope="session")
+def run_cache(tmp_path_factory) -> Path:
+    """The ``logging.cache_dir`` shared by the tests' runs (in this process or a subprocess): the
+    first run builds the synthetic task and the warm start there, the others reuse them (runs
+    with ``model.warm_start.steps`` = ``zbrl.testing.runs.WARM_START_STEPS`` and seed 0 share
+    one warm start). A test that needs a cold cache makes its own."""
+    return tmp_path_factory.mktemp("run-cache")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zbrl.testing.runs import WARM_START_STEPS
+
 
 def endless_tiny_run(run_dir: Path, cache_dir: Path) -> list[str]:
     return [
@@ -12,7 +14,7 @@ def endless_tiny_run(run_dir: Path, cache_dir: Path) -> list[str]:
         f"logging.cache_dir={cache_dir}",
         "logging.progress=false",
         "logging.save_final=false",
-        "model.warm_start.steps=5",
+        f"model.warm_start.steps={WARM_START_STEPS}",
         "data.synthetic.num_train=64",
         "data.num_epochs=1000",  # far longer than the test lets it run
         "rollout.generation.max_new_tokens=8",

@@ -29,9 +29,9 @@ def _training_under_way(metrics: Path) -> bool:
     return any("loss" in r for r in rows)
 
 
-def test_a_killed_rollout_buffer_is_named_as_the_cause(tmp_path):
+def test_a_killed_rollout_buffer_is_named_as_the_cause(tmp_path, run_cache):
     run_dir = tmp_path / "run"
-    overrides = [*endless_tiny_run(run_dir, tmp_path / "cache"), "eval.sets={}"]
+    overrides = [*endless_tiny_run(run_dir, run_cache), "eval.sets={}"]
     stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         proc = subprocess.Popen(

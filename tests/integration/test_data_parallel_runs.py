@@ -8,19 +8,21 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
 from zbrl.launch.driver import RunFailed, run_training
 from zbrl.telemetry.report import render_report
+from zbrl.testing.runs import WARM_START_STEPS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+@pytest.fixture
+def cache(run_cache):
+    return run_cache
 
 
 def tiny_overrides(run_dir, cache, engine):
@@ -28,7 +30,7 @@ def tiny_overrides(run_dir, cache, engine):
         f"logging.run_dir={run_dir}",
         f"logging.cache_dir={cache}",
         "logging.progress=false",
-        "model.warm_start.steps=20",
+        f"model.warm_start.steps={WARM_START_STEPS}",
         "data.synthetic.num_train=200",
         "eval.sets={}",
         "rollout.generation.max_new_tokens=16",
@@ -51,7 +53,8 @@ def tiny_overrides(run_dir, cache, engine):
 @pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
 def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, cache, engine):
     run_dir = tmp_path / "run"
-    summary = run_training(load_config(DEMO, tiny_overrides(run_dir, cache, engine)))
+    cfg = load_config(DEMO, tiny_overrides(run_dir, cache, engine))
+    summary = run_training(cfg)
     assert summary["steps"] == 3
     assert summary["samples_trained"] == 3 * 2 * 4  # each batch counted once, not per rank
     # rank 0 alone reports each step; every step within the staleness bound
@@ -68,7 +71,7 @@ def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, c
     assert "consumer-0" in report and "consumer-1" in report and "producer-0" in report
     # rank 0 wrote a loadable checkpoint that moved away from the start
     final = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-3")
-    start = AutoModelForCausalLM.from_pretrained(next(Path(cache).glob("warm-*")))
+    start = AutoModelForCausalLM.from_pretrained(prepare_artifacts(cfg, verbose=False).model_dir)
     assert final.config.architectures == ["LlamaForCausalLM"]
     assert any(not torch.equal(v, start.state_dict()[k]) for k, v in final.state_dict().items())
     assert not list((run_dir / "checkpoints").glob("*.partial"))

@@ -19,6 +19,8 @@ import torch
 from endless_run import endless_tiny_run
 from transformers import AutoModelForCausalLM
 
+from zbrl.assembly.artifacts import prepare_artifacts
+from zbrl.config import load_config
 from zbrl.testing.procs import descendants, kill_tree, process_name
 
 pytestmark = pytest.mark.integration
@@ -89,9 +91,9 @@ def _cluster_overrides(address: str) -> list[str]:
     ]
 
 
-def test_a_2x2_run_spreads_over_nodes_and_trains(cluster, tmp_path):
+def test_a_2x2_run_spreads_over_nodes_and_trains(cluster, tmp_path, run_cache):
     _, info = cluster
-    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    run_dir, cache = tmp_path / "run", run_cache
     overrides = [
         *endless_tiny_run(run_dir, cache),
         *_cluster_overrides(info["address"]),
@@ -126,7 +128,8 @@ def test_a_2x2_run_spreads_over_nodes_and_trains(cluster, tmp_path):
     assert summary["steps"] == 3 and summary["samples_trained"] == 3 * 2 * 4
     assert summary["weight_sync_latency_p50_s"] is not None
     final = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-3")
-    start = AutoModelForCausalLM.from_pretrained(next(cache.glob("warm-*")))
+    start_dir = prepare_artifacts(load_config(DEMO, overrides), verbose=False).model_dir
+    start = AutoModelForCausalLM.from_pretrained(start_dir)
     start_state = start.state_dict()
     changed = [k for k, v in final.state_dict().items() if not torch.equal(v, start_state[k])]
     assert changed
@@ -139,11 +142,11 @@ def _training_under_way(metrics: Path) -> bool:
     return any("loss" in r for r in rows)
 
 
-def test_losing_a_node_ends_the_run_naming_the_worker_on_it(cluster, tmp_path):
+def test_losing_a_node_ends_the_run_naming_the_worker_on_it(cluster, tmp_path, run_cache):
     proc_cluster, info = cluster
     run_dir = tmp_path / "run"
     overrides = [
-        *endless_tiny_run(run_dir, tmp_path / "cache"),
+        *endless_tiny_run(run_dir, run_cache),
         *_cluster_overrides(info["address"]),
         "launch.max_producer_restarts=0",  # else a lost producer is restarted (if there is room)
     ]

@@ -26,8 +26,9 @@ from zbrl.planning.compare import (
     render_table,
 )
 from zbrl.planning.simulate import measured_shape
+from zbrl.testing.runs import WARM_START_STEPS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
@@ -41,9 +42,9 @@ load it measured in the 1x1 run (``--background-load run``)."""
 CORES = os.cpu_count() or 1
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+@pytest.fixture
+def cache(run_cache):
+    return run_cache
 
 
 def run(run_dir: Path, cache: Path, producers: int) -> None:
@@ -54,7 +55,7 @@ def run(run_dir: Path, cache: Path, producers: int) -> None:
             f"logging.cache_dir={cache}",
             "logging.progress=false",
             "logging.save_final=false",
-            "model.warm_start.steps=20",
+            f"model.warm_start.steps={WARM_START_STEPS}",
             "eval.sets={}",
             f"training.max_steps={STEPS}",
             f"launch.num_producers={producers}",

@@ -9,11 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
 from zbrl.errors import RunError
 from zbrl.launch.driver import run_training
+from zbrl.testing.runs import WARM_START_STEPS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
@@ -24,7 +26,7 @@ def small_overrides(tmp_path, cache):
         f"logging.run_dir={tmp_path / 'run'}",
         f"logging.cache_dir={cache}",
         "logging.progress=false",
-        "model.warm_start.steps=20",
+        f"model.warm_start.steps={WARM_START_STEPS}",
         "data.synthetic.num_train=200",
         "data.synthetic.num_eval=16",
         "eval.max_prompts=8",
@@ -37,9 +39,9 @@ def small_overrides(tmp_path, cache):
     ]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+@pytest.fixture
+def cache(run_cache):
+    return run_cache
 
 
 def test_short_run_trains_saves_and_reports(tmp_path, cache):
@@ -58,7 +60,7 @@ def test_short_run_trains_saves_and_reports(tmp_path, cache):
     assert saved["steps"] == 3
     # checkpoint: HF format, loadable, and different from the starting weights
     final = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-3")
-    start_dir = next(Path(cache).glob("warm-*"))
+    start_dir = prepare_artifacts(cfg, verbose=False).model_dir  # the warm start it began from
     start = AutoModelForCausalLM.from_pretrained(start_dir)
     changed = [
         k for k, v in final.state_dict().items() if not torch.equal(v, start.state_dict()[k])

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from zbrl.testing.procs import descendants, find_process, kill_tree, process_name
+from zbrl.testing.runs import WARM_START_STEPS
 from zbrl.training.checkpoint import find_latest, load_state
 
 pytestmark = pytest.mark.integration
@@ -28,9 +29,9 @@ DEMO = REPO / "recipes" / "demo.yaml"
 BOUND_S = 300.0  # for each wait below; a normal pass takes well under a minute
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+@pytest.fixture
+def cache_dir(run_cache) -> Path:
+    return run_cache
 
 
 def tiny(run_dir: Path, cache_dir: Path, steps: int, staleness: int) -> list[str]:
@@ -39,7 +40,7 @@ def tiny(run_dir: Path, cache_dir: Path, steps: int, staleness: int) -> list[str
         f"logging.cache_dir={cache_dir}",
         "logging.progress=false",
         "logging.save_interval=0",
-        "model.warm_start.steps=5",
+        f"model.warm_start.steps={WARM_START_STEPS}",
         "data.synthetic.num_train=64",
         "data.num_epochs=100",
         "rollout.generation.max_new_tokens=8",
@@ -51,7 +52,6 @@ def tiny(run_dir: Path, cache_dir: Path, steps: int, staleness: int) -> list[str
         f"training.max_steps={steps}",
         f"transport.max_staleness={staleness}",
         "eval.sets={}",
-        "seed=7",
     ]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Iterator
 
 from zbrl.config import RunConfig
@@ -65,16 +66,22 @@ def init_ray(cfg: RunConfig) -> bool:
             return False
         ray.init(address=address, log_to_driver=True)
         return True
-    cpus = max(2, math.ceil(required_cpus(cfg)) + 1)
+    if _ray_running():  # the caller's own ray.init (a test session's Ray, say): used as it is
+        return False
+    start_local_ray(max(2, math.ceil(required_cpus(cfg)) + 1))
+    return True
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """Start a new local Ray instance with ``num_cpus`` CPUs (no GPU unless CUDA is there), every
+    socket on loopback; raises RunError if Ray picked another address anyway."""
     num_gpus = 0 if not _has_cuda() else None
     with loopback_only():
         import ray
 
-        if ray.is_initialized():
-            return False
         ray.init(
             address="local",  # a new local instance, never a `ray start` cluster found on disk
-            num_cpus=cpus,
+            num_cpus=num_cpus,
             num_gpus=num_gpus,
             _node_ip_address=LOOPBACK,
             include_dashboard=False,
@@ -89,7 +96,11 @@ def init_ray(cfg: RunConfig) -> bool:
             f"the local Ray started on {node_ip} instead of {LOOPBACK}; a local run listens on "
             "loopback only (docs/cluster.md)"
         )
-    return True
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")  # not imported: not running (and not imported here, see above)
+    return ray is not None and ray.is_initialized()
 
 
 def _has_cuda() -> bool:
