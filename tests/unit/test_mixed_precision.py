@@ -77,9 +77,9 @@ def test_ten_bf16_steps_at_lr_1e6_change_the_float32_master_held_in_the_checkpoi
     before = load_file(tiny_model_dir / "model.safetensors")
     after = load_file(path / "model.safetensors")
     assert {t.dtype for t in after.values()} == {torch.float32}
-    assert changed_fraction(after, before) >= 0.99  # measured: 0.9998
+    assert changed_fraction(after, before) >= 0.99  # measured: 0.99988
     # the control: the same updates held in bfloat16 (AdamW on bf16 weights) would mostly round
-    # away; this is what the float32 master keeps
+    # away (measured: 9.4% of them differ); this is what the float32 master keeps
     as_bf16 = {k: v.bfloat16() for k, v in after.items()}
     assert changed_fraction(as_bf16, {k: v.bfloat16() for k, v in before.items()}) < 0.2
 
