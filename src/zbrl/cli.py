@@ -55,9 +55,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from zbrl.errors import RunError
     from zbrl.telemetry.report import render_report
 
-    print(render_report(args.run_dir))
+    try:
+        text = render_report(args.run_dir)
+    except ValueError as exc:  # a run file that does not parse (read_timeline/read_metrics)
+        raise RunError(
+            f"{exc}; the run's files are damaged (a line written by something else, or cut "
+            "short): fix or remove that line"
+        ) from None
+    print(text)
     return 0
 
 

@@ -255,6 +255,10 @@ def test_resume_and_validate_mistakes_are_error_lines(tmp_path, capsys):
         (["report", str(tmp_path / "nowhere")], "timeline.jsonl"),
         (["plan", str(tmp_path / "nowhere")], "does not exist"),
     ]
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "timeline.jsonl").write_text('{"worker": "a"\n{"worker": "b"}\n')
+    cases.append((["report", str(damaged)], "timeline.jsonl:1: not a span record"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(f"logging: {{run_dir: {run_dir}}}\n")
