@@ -3,6 +3,7 @@ chat-template checks, the episode's reward, and what episodes put in the logs an
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,3 +208,41 @@ def test_rollout_log_and_metrics_of_episodes():
         **{**group.__dict__, "loss_masks": None, "episodes": None, "env_counts": {}}
     )
     assert _episode_fields(single) == {} and _env_metrics([single], 2) == {}
+
+
+def test_the_documented_custom_environment_runs(tmp_path, monkeypatch):
+    """docs/environments.md's example, copied into a module as a user would, plays a game."""
+    from episode_stubs import ScriptedBackend, encoded, runner
+
+    from zbrl.environments.runner import episode_result
+    from zbrl.rollout.backends.base import SamplingParams
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    code = doc.split("## A custom environment", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_envs_doc.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = cfg(
+        {
+            "type": "my_envs_doc:GuessTheNumber",
+            "options": {"wrong_guess_reward": -0.05},
+            "message_role": "user",
+            "score_final_turn": False,
+        }
+    ).environment
+    guesses = {"": "50", "higher": "75", "higherlower": "hmm", "higherlowerGuess a number.": "60"}
+
+    def play(context, sample):
+        hints = "".join(part.split("<|end|>")[0] for part in context.split("<|user|>")[2:])
+        return guesses.get(hints, "62")
+
+    backend = ScriptedBackend(play)
+    episodes = runner(backend, build_environment(config), max_turns=6)
+    params = SamplingParams(1, 1.0, 1.0, -1, 20, ())
+    ((ep,),) = episodes.run([encoded("Guess", gt="62")], params)
+    model_turns = [t["text"] for t in ep.turns if t["role"] == "model"]
+    assert model_turns == ["50", "75", "hmm", "60", "62"]
+    assert [t.get("info", {}).get("guess") for t in ep.turns][1::2] == [50, 75, None, 60]
+    assert ep.turns[-1]["info"] == {"guess": 62} and ep.counts["no_guess"] == 1
+    result = episode_result(ep, None)
+    assert result.reward == pytest.approx(1.0 - 4 * 0.05) and result.ans_acc == 1.0
+    sys.modules.pop("my_envs_doc", None)

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 import torch
-from episode_stubs import TOKENIZER, ScriptedBackend, calculator_script, encoded, runner
+from episode_stubs import EOS, TOKENIZER, ScriptedBackend, calculator_script, encoded, runner
 from role_settings import producer_settings, sampling_params
 
 from zbrl.environments.base import EnvTurn
@@ -15,6 +15,7 @@ from zbrl.rewards.base import BaseReward, RewardResult
 from zbrl.rollout.producer import Producer
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.training.rows import build_rows, collate, response_span, trained_token_count
+from zbrl.types import EncodedPrompt
 
 
 def calculator_env(**kw):
@@ -223,3 +224,27 @@ def test_policy_logprobs_of_the_trained_sequence_match_the_sampled_ones(tiny_mod
         torch.testing.assert_close(response[mask], ep.logprobs[mask], atol=2e-4, rtol=0)
         env_ids = ep.token_ids[~mask].tolist()
         assert TOKENIZER.decode(env_ids).count("<|end|><|user|>you said") == len(ep.turns) // 2
+
+
+def test_the_tool_demos_warm_start_trains_the_sequences_episodes_produce():
+    """The warm start's sequences (prompt, turns, loss mask) are the ones the episode runner
+    builds when the model follows the trace."""
+    from zbrl.environments import demo_task
+    from zbrl.environments.demo_warm_start import sequence
+    from zbrl.environments.turns import TurnFormatter
+
+    row = demo_task.make_rows(1, seed=0, split="train", tools=True)[0]
+    a, b = demo_task.operands(row)
+    assert row["gt_answer"] == str(a * b) and min(a, b) >= 100 and max(a, b) <= 999
+    formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
+    prompt_ids, ids, mask = sequence(TOKENIZER, formatter, row, tools=True)
+    turns = [c for role, c in demo_task.trace(row, tools=True) if role == "assistant"]
+    backend = ScriptedBackend(lambda context, j: turns[context.count("<|assistant|>") - 1])
+    template = TOKENIZER.apply_chat_template(row["messages"], add_generation_prompt=True)
+    prompt = EncodedPrompt("d", list(template["input_ids"]), row)
+    ((ep,),) = runner(backend, calculator_env()).run([prompt], params(n=1))
+    assert prompt_ids == prompt.prompt_ids
+    assert ep.token_ids.tolist() == ids and ep.loss_mask.tolist() == mask
+    assert ep.text == f"<answer>{a * b}</answer>"
+    plain = sequence(TOKENIZER, formatter, demo_task.make_row(a, b, tools=False), tools=False)
+    assert TOKENIZER.decode(plain[1]) == f"<answer>{a * b}</answer><|end|>" and all(plain[2])

@@ -39,6 +39,10 @@ def _embedded_task(cfg: RunConfig, cache: Path) -> tuple[Path, Path]:
     from zbrl.data.synthetic import write_task
 
     s = cfg.data.synthetic
+    if s.task == "multiplication":  # the tool demo's task (zbrl.assembly.environments)
+        from zbrl.assembly.environments import demo_task_files
+
+        return demo_task_files(cfg, cache)
     directory = cache / f"task-s{s.seed}-n{s.num_train}-e{s.num_eval}"
     train, held_out = directory / "train.jsonl", directory / "eval.jsonl"
     if not (train.is_file() and held_out.is_file()):
@@ -49,6 +53,10 @@ def _embedded_task(cfg: RunConfig, cache: Path) -> tuple[Path, Path]:
 def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:
     if cfg.model.path != EMBEDDED:  # a local directory, a GGUF file, a Hub id, a pulled name
         return user_model_dir(cfg, verbose=verbose)
+    if cfg.data.synthetic.task == "multiplication":
+        from zbrl.assembly.environments import demo_warm_start
+
+        return demo_warm_start(cfg, cache, verbose)
     from zbrl.models.warm_start import ensure_warm_start
 
     ws = cfg.model.warm_start

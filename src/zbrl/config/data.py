@@ -27,6 +27,11 @@ class SyntheticTaskConfig(Section):
     """Held-out problems (disjoint from the training problems)."""
     seed: int = 1234
     """Seed of the problem generator."""
+    task: Literal["addition", "multiplication"] = "addition"
+    """``addition``: column addition with a think block (the demo); ``multiplication``: products
+    of two 3-digit numbers, answered through the calculator when the run has a ``tools``
+    environment with a ``calculator`` in the ``tags`` format, else directly (the tool demo and
+    its side-by-side, docs/environments.md). The embedded model's warm start follows it."""
 
 
 class ColumnMapping(Section):
