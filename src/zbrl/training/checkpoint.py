@@ -3,7 +3,9 @@ resume exactly.
 
 Layout of one checkpoint, ``RUN_DIR/checkpoints/step-N`` (N = policy version = steps done)::
 
-    config.json, model.safetensors, tokenizer files     the policy (``from_pretrained(step-N)``)
+    config.json, model.safetensors, tokenizer files     the policy (``from_pretrained(step-N)``):
+                         its float32 master weights, whatever the compute dtype, so that a
+                         resumed engine continues from them bit for bit (docs/precision.md)
     zbrl/trainer.pt      consumer state: version, counters, optimizer + LR schedule, RNG
     zbrl/buffer.pt       rollout buffer state: untrained groups, tickets, each producer's
                          resume point (sampler position, RNG) — see zbrl.transport.buffer

@@ -46,6 +46,10 @@ class Engine(Protocol):
     """Processes training the same policy together (1 for a single process)."""
     device: torch.device
     """Where micro-batch tensors go before the forward pass."""
+    compute_dtype: torch.dtype
+    """dtype of the forward and backward passes (``model.dtype``); the policy's (and critic's)
+    parameters, gradients and optimizer state are float32 whatever it is
+    (:mod:`zbrl.training.engine.precision`)."""
     optimizer_steps: int
     """Optimizer steps taken so far (part of :meth:`state_dict`)."""
 
