@@ -167,7 +167,9 @@ def test_a_failed_start_is_one_error_line_and_creates_no_run_dir(
     override, needle = BAD_STARTS[case]
     rc = start(override(tmp_path, tiny_model_dir))
     assert rc != 0
-    assert needle in error_line(capsys)
+    err = error_line(capsys)
+    assert needle in err
+    assert err.count("\n") == 1, err  # one line, nothing else on stderr
     assert not start.runs.exists()
 
 
