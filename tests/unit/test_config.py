@@ -43,6 +43,34 @@ def test_recipes_exist():
     assert any(p.name == "demo.yaml" for p in RECIPES)
 
 
+GPU_RECIPES = [p for p in RECIPES if p.name.endswith("_gpu.yaml")]
+HUB_GPU_RECIPES = ["grpo_qwen2.5_0.5b_instruct_gpu.yaml", "grpo_qwen2.5_1.5b_instruct_gpu.yaml"]
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=[p.name for p in GPU_RECIPES])
+def test_gpu_recipes_compute_in_bfloat16_on_gpus(recipe):
+    from zbrl.assembly.settings import weight_sync_backend
+
+    cfg = load_config(recipe)
+    assert cfg.model.dtype == "bfloat16"  # float32 masters are the engine's, whatever this is
+    assert cfg.launch.producer_num_gpus > 0 and cfg.launch.consumer_num_gpus > 0
+    assert cfg.training.device == "auto"
+    # the in-run evaluator gets a GPU only with NCCL weight sync (it takes a producer's share)
+    assert not cfg.eval.sets or weight_sync_backend(cfg) == "nccl"
+
+
+@pytest.mark.parametrize("name", HUB_GPU_RECIPES)
+def test_hub_gpu_recipes_name_a_hub_model_and_a_real_task(name):
+    from zbrl.models.sources import classify
+
+    assert name in [p.name for p in GPU_RECIPES]
+    cfg = load_config(GPU_RECIPES[0].parent / name)
+    assert classify(cfg.model.path).kind == "hub"
+    assert cfg.model.path.startswith("Qwen/Qwen2.5-")
+    assert cfg.data.source is not None and cfg.data.source.type == "reasoning_gym"
+    assert cfg.data.source.eval_size > 0 and cfg.reward.type == "reasoning_gym"
+
+
 def test_seed_defaults():
     cfg = RunConfig()
     a = cfg.algorithm
