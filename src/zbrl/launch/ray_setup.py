@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
+from zbrl.launch.ray_session import ray_in_own_session
 
 LOOPBACK = "127.0.0.1"
 # Read by Ray: the first at import (ray_constants.ENABLE_RAY_CLUSTER), the second by ray.init.
@@ -76,7 +77,7 @@ def start_local_ray(num_cpus: int) -> None:
     """Start a new local Ray instance with ``num_cpus`` CPUs (no GPU unless CUDA is there), every
     socket on loopback; raises RunError if Ray picked another address anyway."""
     num_gpus = 0 if not _has_cuda() else None
-    with loopback_only():
+    with loopback_only(), ray_in_own_session():  # a group signal reaches the driver only
         import ray
 
         ray.init(

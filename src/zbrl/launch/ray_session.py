@@ -1,0 +1,51 @@
+"""Ray's processes of a local run in a session of their own, so that a signal sent to the run's
+process group reaches only the driver.
+
+``timeout``, ``kill -- -PGID``, a shell's job control and batch schedulers that signal a job's
+process group send SIGTERM to every process in the group. A local ``ray.init`` starts its GCS
+server, raylet and helpers as children of the driver, in the driver's group, and the raylet
+starts the workers below itself, so such a SIGTERM killed the GCS and every worker (the consumer
+with them) while the driver began its clean stop: it then waited 60 s for the dead GCS and
+exited 1 with no checkpoint. (Ray blocks SIGINT in those processes, which is why Ctrl-C, sent to
+the terminal's foreground group, always worked.)
+
+:func:`ray_in_own_session` makes ``ray.init`` start those processes with ``setsid``: the group
+signal now reaches only the driver, which stops the run cleanly (:mod:`zbrl.launch.signals`),
+and the driver ends Ray as before. Nothing else changes: Ray still ties each process to the
+driver's life (Linux's parent-death signal), so a driver killed with SIGKILL still takes Ray with
+it, and the driver still stops them with ``ray.shutdown``. A signal sent to every process of a
+job one by one (systemd's default ``KillMode=control-group``, Slurm's job-step kill) still
+reaches the workers: see docs/survival.md for the settings that send it to the driver only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def ray_in_own_session() -> Iterator[bool]:
+    """While inside, Ray starts its processes in a new session; yields False (and changes
+    nothing) when this Ray version has no ``ray._private.services.ConsolePopen`` to wrap."""
+    try:
+        from ray._private import services
+    except ImportError:
+        yield False
+        return
+    original = getattr(services, "ConsolePopen", None)
+    if original is None:
+        yield False
+        return
+
+    class OwnSessionPopen(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield True
+    finally:
+        services.ConsolePopen = original
