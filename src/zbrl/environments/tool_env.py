@@ -118,7 +118,7 @@ class ToolEpisode:
 
     def _wrap(self, results: list[str]) -> str:
         if self.env.settings.call_format == "hermes":
-            return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+            return "\n".join(f"<tool_response>\n{r.rstrip()}\n</tool_response>" for r in results)
         return "\n".join(r.strip() for r in results)
 
 
