@@ -5,6 +5,11 @@ import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# One torch thread, in this process and the processes the tests start (inherited): the tests'
+# models are tiny, and on a 2-core machine shared with Ray workers and other processes two
+# threads per process wait on each other. Measured on the shared 2-core build machine (load ~16):
+# three tests of test_consumer.py took 26.0 s of calls with torch's default threads, 1.5 s with one.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _has_cuda() -> bool:
