@@ -283,6 +283,7 @@ def execute(
     summary.update(
         workers=workers.where,
         producer_restarts=outcome.producer_restarts,
+        consumer_restarts=outcome.consumer_restarts,
         evaluator_failures=outcome.evaluator_failures,
         interrupted=outcome.stop_reason,
         resumed_from=str(resume.path) if resume is not None else None,

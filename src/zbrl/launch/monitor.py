@@ -116,6 +116,9 @@ class RunMonitor:
         """The run continues from ``step`` again (the consumers were re-created from its
         checkpoint): forget the metrics of later steps and move the progress bar back."""
         self.step_metrics = {k: v for k, v in self.step_metrics.items() if k <= step}
+        for sink in getattr(self.sink, "sinks", [self.sink]):
+            if isinstance(sink, JsonlSink):
+                sink.close()  # metrics.jsonl was cut back (a new file): append to that one
         if self._bar is not None and step < self.latest_step:
             self._bar.n = step
             self._bar.refresh()

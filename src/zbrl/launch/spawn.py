@@ -1,9 +1,11 @@
 """Creating a run's Ray actors: the shared ones (rollout buffer, weight store, telemetry hub) and
 the workers, each of which can be created again (a producer whose process died, an evaluator
-that failed) with the same arguments."""
+that failed) with the same arguments; and every actor but the telemetry hub again from a
+checkpoint (a consumer whose process died: :meth:`Spawner.respawn`), in the same placement."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig
 from zbrl.launch.placement import Placement, reserve
 from zbrl.launch.process_group import consumer_group
+from zbrl.training.checkpoint import Checkpoint
 from zbrl.training.distributed import GroupSpec
 from zbrl.types import EncodedPrompt
 
@@ -49,6 +52,12 @@ class Workers:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
         return out + ([self.evaluator] if self.evaluator is not None else [])
 
+    def replace_with(self, new: Workers) -> None:
+        """Take every handle of ``new`` (a run whose workers were re-created), in place: whoever
+        holds this object (the driver's shutdown) ends the new actors."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(new, f.name))
+
 
 @dataclass
 class Spawner:
@@ -67,6 +76,42 @@ class Spawner:
     placement: Placement
     group: GroupSpec | None = None
     """The consumers' data-parallel group (None for one consumer)."""
+
+    def respawn(
+        self, start: StartPoint, buffer_state: dict[str, Any] | None
+    ) -> tuple[Workers, Spawner]:
+        """Every actor but the telemetry hub, new, starting from ``start``: a fresh rollout buffer
+        (continuing from ``buffer_state`` when given, each producer from the resume point it
+        holds for it), weight store and consumers' group, the producers, consumers and
+        evaluator, in this spawner's placement; and the spawner that creates their
+        replacements."""
+        import ray
+
+        from zbrl.transport.buffer import RolloutBuffer
+        from zbrl.transport.weight_sync.object_store import WeightStore
+
+        cfg, la = self.cfg, self.cfg.launch
+        shared = _shared_options(cfg, self.placement)
+        buffer = ray.remote(RolloutBuffer).options(**shared).remote(buffer_settings(cfg))
+        store = ray.remote(WeightStore).options(**shared).remote()
+        resume_states: dict[int, dict[str, Any] | None] = {}
+        if buffer_state is not None:
+            ray.get(buffer.load_state.remote(buffer_state))
+            resume_states = ray.get(buffer.reclaim.remote(None))
+        group_host, group = consumer_group(cfg)
+        spawner = dataclasses.replace(self, start=start, buffer=buffer, store=store, group=group)
+        producers = [spawner.producer(i, resume_states.get(i)) for i in range(la.num_producers)]
+        consumers = [spawner.consumer(i) for i in range(la.num_consumers)]
+        evaluator = spawner.evaluator()
+        workers = Workers(
+            buffer, store, self.hub, producers, consumers, evaluator,
+            group_host=group_host, placement=self.placement,
+        )  # fmt: skip
+        workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
+        workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
+        if evaluator is not None:
+            workers.names[evaluator] = "evaluator"
+        return workers, spawner
 
     @property
     def _data(self) -> dict[str, Any]:
@@ -156,33 +201,30 @@ def create_workers(
     import ray
 
     from zbrl.telemetry.hub import TelemetryHub
-    from zbrl.transport.buffer import RolloutBuffer
-    from zbrl.transport.weight_sync.object_store import WeightStore
 
-    la = cfg.launch
     place = reserve(cfg)  # placement groups first: a cluster that is too small fails here
-    concurrency = 4 * (la.num_producers + la.num_consumers) + 8
-    shared = {**place.shared_options(), "max_concurrency": concurrency}
-    buffer = ray.remote(RolloutBuffer).options(**shared).remote(buffer_settings(cfg))
-    store = ray.remote(WeightStore).options(**shared).remote()
-    hub = ray.remote(TelemetryHub).options(**shared).remote()
-    resume_states: dict[int, dict[str, Any] | None] = {}
-    if buffer_state is not None:
-        ray.get(buffer.load_state.remote(buffer_state))
-        resume_states = ray.get(buffer.reclaim.remote(None))
-    group_host, group = consumer_group(cfg)
-    spawner = Spawner(
-        cfg, artifacts, run_dir, start, total_steps, buffer, store, hub,
-        ray.put(train_prompts), eval_sets, place, group,
+    hub = ray.remote(TelemetryHub).options(**_shared_options(cfg, place)).remote()
+    base = Spawner(
+        cfg, artifacts, run_dir, start, total_steps, None, None, hub,
+        ray.put(train_prompts), eval_sets, place,
     )  # fmt: skip
-    producers = [spawner.producer(i, resume_states.get(i)) for i in range(la.num_producers)]
-    consumers = [spawner.consumer(i) for i in range(la.num_consumers)]
-    evaluator = spawner.evaluator()
-    workers = Workers(
-        buffer, store, hub, producers, consumers, evaluator, group_host=group_host, placement=place
-    )
-    workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
-    workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
-    if evaluator is not None:
-        workers.names[evaluator] = "evaluator"
-    return workers, spawner
+    return base.respawn(start, buffer_state)
+
+
+def _shared_options(cfg: RunConfig, place: Placement) -> dict[str, Any]:
+    la = cfg.launch
+    concurrency = 4 * (la.num_producers + la.num_consumers) + 8
+    return {**place.shared_options(), "max_concurrency": concurrency}
+
+
+def checkpoint_start(
+    artifacts: Artifacts, checkpoint: Checkpoint | None
+) -> tuple[StartPoint, dict[str, Any] | None]:
+    """Where the workers start from ``checkpoint`` (None: the base model at version 0), and the
+    buffer state to restore with it."""
+    from zbrl.training.checkpoint import load_state
+
+    if checkpoint is None:
+        return StartPoint(model_dir=artifacts.model_dir, version=0), None
+    start = StartPoint(checkpoint.path, checkpoint.version, str(checkpoint.trainer_file))
+    return start, load_state(checkpoint.buffer_file)

@@ -8,6 +8,12 @@ goes wrong without ending the run when it need not:
   (``RolloutBuffer.reclaim``), the new producer loads the newest weights, continues its shard
   from there and regenerates the prompts of the dropped tickets; nothing is lost or trained twice.
   A producer that *raised* (a bug, a failing reward) is not restarted: it would fail again.
+- a **consumer** whose process died (any rank of a data-parallel group) is replaced, up to
+  ``launch.max_consumer_restarts`` in all, by re-creating every actor but the telemetry hub from
+  the newest checkpoint (:meth:`Supervisor._restart_from_checkpoint`): the consumers hold the
+  optimizer state and the version, the buffer and the producers hold what was generated for the
+  steps after it, so they all go back to that checkpoint together, the run's step logs are cut
+  back to it and the steps since are trained again (docs/survival.md says what that means).
 - an **evaluator** that fails is reported as a warning and re-created; evaluations due while it
   is away are skipped.
 - the first **SIGINT/SIGTERM** (see :mod:`zbrl.launch.signals`), and a failure that ends the run
@@ -17,6 +23,7 @@ goes wrong without ending the run when it need not:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,14 +32,19 @@ from typing import Any
 from zbrl.config import RunConfig
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.resume import truncate_logs
+from zbrl.launch.run_dir import CHECKPOINTS
 from zbrl.launch.signals import StopSignals
-from zbrl.launch.spawn import Spawner, Workers
+from zbrl.launch.spawn import Spawner, Workers, checkpoint_start
 from zbrl.launch.stop_grace import stop_grace_s, weights_bytes
 from zbrl.telemetry.spans import RESTART
+from zbrl.training.checkpoint import find_latest
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.handles import RayHandle
 
 READY_TIMEOUT_S = 900.0
+END_TIMEOUT_S = 60.0
+"""How long a consumer restart waits for the old workers' processes to be gone."""
 """How long a re-created producer may take to build its model and backend."""
 
 
@@ -49,8 +61,23 @@ class Outcome:
     stop_timed_out: bool = False
     """The roles did not return within the stop grace (:mod:`zbrl.launch.stop_grace`)."""
     producer_restarts: int = 0
+    consumer_restarts: int = 0
+    """Times the consumers died and every worker was re-created from the newest checkpoint."""
     evaluator_failures: int = 0
     evals: dict[int, dict] = field(default_factory=dict)
+
+
+def _alive(actor: Any, timeout_s: float = 10.0) -> bool:
+    """False when ``actor``'s process is known to be gone."""
+    import ray
+
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.RayError:
+        pass  # busy, or Ray going down: not known dead
+    return True
 
 
 class Supervisor:
@@ -118,6 +145,8 @@ class Supervisor:
             self._fail(blamed, consumer_lives=False)
         elif kind == "died" and name.startswith("producer-") and self._restarts_left():
             self._restart_producer(int(name.split("-")[1]), message)
+        elif self._consumer_died(name, kind) and self._consumer_restarts_left():
+            self._restart_from_checkpoint(message)
         else:
             self._fail(failure, consumer_lives=not name.startswith("consumer-"))
 
@@ -126,6 +155,91 @@ class Supervisor:
         return (
             not stopping and self.outcome.producer_restarts < self.cfg.launch.max_producer_restarts
         )
+
+    def _consumer_died(self, name: str, kind: str) -> bool:
+        """A consumer's process died; or a data-parallel rank failed and another rank's process
+        is gone (a collective with a dead rank fails on the ranks that live)."""
+        if not name.startswith("consumer-"):
+            return False
+        if kind == "died":
+            return True
+        return len(self.workers.consumers) > 1 and any(
+            not _alive(c) for c in self.workers.consumers
+        )
+
+    def _consumer_restarts_left(self) -> bool:
+        stopping = self._stop_deadline is not None
+        budget = self.cfg.launch.max_consumer_restarts
+        return not stopping and self.outcome.consumer_restarts < budget
+
+    def _restart_from_checkpoint(self, cause: str) -> None:
+        """Re-create every actor but the telemetry hub from the newest checkpoint (the base model
+        when there is none yet) and go on training from its step."""
+        since = time.time()
+        self.outcome.consumer_restarts += 1
+        n, budget = self.outcome.consumer_restarts, self.cfg.launch.max_consumer_restarts
+        run_dir = self.spawner.run_dir
+        checkpoint = find_latest(run_dir / CHECKPOINTS)
+        start, buffer_state = checkpoint_start(self.spawner.artifacts, checkpoint)
+        where = checkpoint.path if checkpoint is not None else "the start (no checkpoint yet)"
+        print(
+            f"[zbrl] {cause}; restarting every worker from {where}, step {start.version} "
+            f"({n} of {budget} consumer restarts)",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._end_workers()
+        self.monitor.poll()  # what they sent before they died, before the logs are cut back
+        truncate_logs(run_dir, start.version)  # the steps after it are trained again
+        self.monitor.rewind(start.version)
+        workers, self.spawner = self.spawner.respawn(start, buffer_state)
+        self.workers.replace_with(workers)
+        self.buffer = BufferClient(RayHandle(workers.buffer))
+        try:
+            self._wait_until_ready()
+        except RunFailed as exc:
+            self._fail(RunFailed(f"the consumer restart failed: {exc}"), consumer_lives=False)
+            return
+        self.monitor.record_span("consumer-0", "consumer", RESTART, since, time.time())
+        self.monitor.log_event(start.version, {"consumer_restarts": float(n)})
+        w = self.workers
+        self._running = {c.run.remote(): w.names[c] for c in w.consumers}
+        self._running.update({p.run.remote(): w.names[p] for p in w.producers})
+
+    def _end_workers(self) -> None:
+        """Kill every actor but the telemetry hub (their placement stays reserved)."""
+        import ray
+
+        w = self.workers
+        actors = [a for a in (*w.producers, *w.consumers, w.evaluator, w.buffer, w.store) if a]
+        for actor in actors:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + END_TIMEOUT_S
+        for actor in actors:  # gone, so that none writes a log line or a metric after this
+            while _alive(actor, timeout_s=1.0) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self._running.clear()
+        self._restarting.clear()
+        self._eval_ref = None  # the old evaluator's: it is gone
+        self.outcome.results.clear()
+
+    def _wait_until_ready(self) -> None:
+        import ray
+
+        refs = {a.__ray_ready__.remote(): name for a, name in self.workers.names.items()}
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while refs:
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(refs.values()))
+                raise RunFailed(f"{missing} not ready in {READY_TIMEOUT_S:.0f}s")
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            for ref in ready:
+                name = refs.pop(ref)
+                kind, value = outcome_of(ref, name)
+                if kind != "ok":
+                    raise RunFailed(value)
+            self.monitor.poll()
 
     def _restart_producer(self, index: int, cause: str) -> None:
         since = time.time()
