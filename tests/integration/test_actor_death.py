@@ -15,7 +15,7 @@ from endless_run import endless_tiny_run
 
 from zbrl.testing.procs import find_process, kill_tree
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"

@@ -43,6 +43,7 @@ POLLS_AFTER_ALL_SEEN = 5
 BOUND_S = 420.0  # upper bound on the whole test; a normal pass takes well under a minute
 
 
+@pytest.mark.slow
 def test_local_run_listens_on_loopback_only(tmp_path, run_cache):
     overrides = [*endless_tiny_run(tmp_path / "run", run_cache), "eval.max_prompts=2"]
     command = [sys.executable, "-m", "zbrl.cli", "train", str(DEMO), *overrides]

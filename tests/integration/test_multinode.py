@@ -23,7 +23,7 @@ from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
 from zbrl.testing.procs import descendants, kill_tree, process_name
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

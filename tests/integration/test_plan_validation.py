@@ -28,7 +28,7 @@ from zbrl.planning.compare import (
 from zbrl.planning.simulate import measured_shape
 from zbrl.testing.runs import WARM_START_STEPS
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"

@@ -100,6 +100,7 @@ def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache, producers):
     assert summary["samples_generated"] == 5 * 4
 
 
+@pytest.mark.slow  # `zbrl train` in a subprocess: its own Ray
 def test_injected_producer_failure_ends_run_with_clear_error(tmp_path, cache):
     overrides = [
         *small_overrides(tmp_path, cache),

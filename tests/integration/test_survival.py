@@ -22,7 +22,7 @@ from zbrl.testing.procs import descendants, find_process, kill_tree, process_nam
 from zbrl.testing.runs import WARM_START_STEPS
 from zbrl.training.checkpoint import find_latest, load_state
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
@@ -134,7 +134,7 @@ def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_sigint_then_resume_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path, cache_dir):
-    steps = 40
+    steps = 20
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     run_to_end(tmp_path, "straight", "train", str(DEMO), *tiny(straight, cache_dir, steps, 0))
 
@@ -155,16 +155,16 @@ def test_sigint_then_resume_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path
 
 def test_async_sigterm_and_resume_lose_nothing_and_train_nothing_twice(tmp_path, cache_dir):
     run_dir, staleness = tmp_path / "run", 2
-    args = [*tiny(run_dir, cache_dir, 60, staleness), "launch.num_producers=2"]
+    args = [*tiny(run_dir, cache_dir, 30, staleness), "launch.num_producers=2"]
     interrupt(tmp_path, run_dir, signal.SIGTERM, 6, "train", str(DEMO), *args)
     checkpoint = find_latest(run_dir / "checkpoints")
     buffered = {g.uid for g in load_state(checkpoint.buffer_file)["ready"].values()}
     before = {u for line in uid_log(run_dir) for u in line["uids"]}
     assert not buffered & before  # what the buffer held was not trained yet
 
-    run_to_end(tmp_path, "resumed", "resume", str(run_dir), "training.max_steps=80")
+    run_to_end(tmp_path, "resumed", "resume", str(run_dir), "training.max_steps=40")
     log = uid_log(run_dir)
-    assert [x["step"] for x in log] == list(range(1, 81))
+    assert [x["step"] for x in log] == list(range(1, 41))
     trained = [u for line in log for u in line["uids"]]
     assert len(trained) == len(set(trained)), "a sample uid was trained twice"
     assert buffered <= set(trained), "admitted groups were lost across the interruption"
@@ -175,7 +175,7 @@ def test_async_sigterm_and_resume_lose_nothing_and_train_nothing_twice(tmp_path,
 def test_killed_producer_and_evaluator_are_replaced_and_the_run_goes_on(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     evals = ["eval.max_prompts=8", "eval.interval=10", "eval.at_start=false"]
-    args = [*(x for x in tiny(run_dir, cache_dir, 60, 1) if x != "eval.sets={}"), *evals]
+    args = [*(x for x in tiny(run_dir, cache_dir, 40, 1) if x != "eval.sets={}"), *evals]
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 5)
@@ -189,10 +189,10 @@ def test_killed_producer_and_evaluator_are_replaced_and_the_run_goes_on(tmp_path
     assert "restarting producer-0 (1 of 3 restarts)" in err
     assert "failed (evaluator died" in err and "a new evaluator takes the next one" in err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["producer_restarts"] == 1 and summary["steps"] == 60
+    assert summary["producer_restarts"] == 1 and summary["steps"] == 40
     assert summary["evaluator_failures"] == 1 and summary["eval_accuracy_final"] is not None
     trained = [u for line in uid_log(run_dir) for u in line["uids"]]
-    assert len(trained) == len(set(trained)) == 120
+    assert len(trained) == len(set(trained)) == 80
     timeline = (run_dir / "timeline.jsonl").read_text()
     assert '"name": "restart"' in timeline
 
