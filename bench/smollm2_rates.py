@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -183,6 +184,8 @@ def measure(
             start = time.perf_counter()
             tokens = variants[key]()
             seconds = time.perf_counter() - start
+            label = "warm-up" if rnd == 0 else f"repeat {rnd}"
+            print(f"{label}: {key[0]} / {key[1]}: {seconds:.1f} s", file=sys.stderr, flush=True)
             if rnd:
                 rates[key].append(tokens / seconds)
                 counts[key].append(tokens)
