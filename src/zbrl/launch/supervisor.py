@@ -151,7 +151,7 @@ class Supervisor:
             self._fail(failure, consumer_lives=not name.startswith("consumer-"))
 
     def _restarts_left(self) -> bool:
-        stopping = self._stop_deadline is not None
+        stopping = self._stop_deadline is not None or self.signals.requested
         return (
             not stopping and self.outcome.producer_restarts < self.cfg.launch.max_producer_restarts
         )
@@ -168,7 +168,7 @@ class Supervisor:
         )
 
     def _consumer_restarts_left(self) -> bool:
-        stopping = self._stop_deadline is not None
+        stopping = self._stop_deadline is not None or self.signals.requested
         budget = self.cfg.launch.max_consumer_restarts
         return not stopping and self.outcome.consumer_restarts < budget
 
