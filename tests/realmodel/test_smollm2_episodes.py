@@ -166,6 +166,7 @@ def test_python_tool_recipe_validates_and_runs_two_steps(smollm2_dir, tmp_path):
             f"logging.run_dir={tmp_path / 'run'}",
             "logging.progress=false",
             "training.max_steps=2",
+            "logging.log_rollout_interval=1",
             "eval.sets={}",
         ],
     )

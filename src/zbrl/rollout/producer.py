@@ -5,6 +5,11 @@ reserved tickets (the staleness bound) and swap in the newest fetched version �
 completions per prompt → score them (a whole chunk in one call) → push one RolloutGroup per
 prompt. Receiving weights happens in a background thread (a ``WeightReceiver`` of
 :mod:`zbrl.transport.weight_sync`); loading them happens here, between generation batches.
+
+With an environment (``episodes``, docs/environments.md) "generate" runs whole multi-turn
+episodes: each completion is then the episode's tokens after the prompt with a loss mask over the
+model's turns, scored on its last model turn plus the environment's turn rewards. Every turn of a
+batch's episodes is generated with the same weights (they are swapped between batches only).
 """
 
 from __future__ import annotations
