@@ -32,6 +32,7 @@ from typing import Any
 from zbrl.config import RunConfig
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
+from zbrl.launch.placement import record_placement
 from zbrl.launch.resume import truncate_logs
 from zbrl.launch.run_dir import CHECKPOINTS
 from zbrl.launch.signals import StopSignals
@@ -197,6 +198,7 @@ class Supervisor:
         self.buffer = BufferClient(RayHandle(workers.buffer))
         try:
             self._wait_until_ready()
+            record_placement(self.cfg, self.workers, run_dir)  # where the new workers run
         except RunFailed as exc:
             self._fail(RunFailed(f"the consumer restart failed: {exc}"), consumer_lives=False)
             return
