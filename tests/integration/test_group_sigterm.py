@@ -34,7 +34,7 @@ def survivors(pids: set[int], within_s: float) -> dict[int, str]:
 
 def test_sigterm_to_the_process_group_ends_with_a_resumable_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    args = tiny_run(run_dir, tmp_path / "cache", 100000, 1)
+    args = [*tiny_run(run_dir, tmp_path / "cache", 100000, 1), "launch.stop_grace_s=45"]
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 3)
@@ -57,3 +57,4 @@ def test_sigterm_to_the_process_group_ends_with_a_resumable_checkpoint(tmp_path)
     assert summary["interrupted"] == "SIGTERM"
     assert summary["checkpoint"] == str(checkpoint.path)
     assert f"continue with: zbrl resume {run_dir}" in err
+    assert "waiting up to 45s for the current step and the stop checkpoint" in err  # the setting
