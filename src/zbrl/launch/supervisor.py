@@ -221,6 +221,9 @@ class Supervisor:
         for actor in actors:  # gone, so that none writes a log line or a metric after this
             while _alive(actor, timeout_s=1.0) and time.monotonic() < deadline:
                 time.sleep(0.1)
+        for ref in [*self._running, *self._restarting]:  # their errors are expected: read them,
+            with contextlib.suppress(Exception):  # or Ray prints each as an "Unhandled error"
+                ray.get(ref, timeout=1.0)
         self._running.clear()
         self._restarting.clear()
         self._eval_ref = None  # the old evaluator's: it is gone
