@@ -160,18 +160,21 @@ def test_stop_strings_close_calls():
     assert not hasattr(ToolEnvironment([Calculator()], settings()), "stop_strings")
 
 
+def python_env(timeout_s):
+    return ToolEnvironment(
+        [SandboxedPython(timeout_s=timeout_s, memory_mb=256, backend="rlimits")],
+        settings(call_format="tags", tool_timeout_s=timeout_s, max_result_chars=100),
+    )
+
+
 def test_python_tool_hostile_programs():
     """An infinite loop is stopped at the deadline; a huge output comes back cut; a crash
     comes back with its error — each as a message, in the sandbox."""
-    env = ToolEnvironment(
-        [SandboxedPython(timeout_s=1.0, memory_mb=256, backend="rlimits")],
-        settings(call_format="tags", tool_timeout_s=1.0, max_result_chars=100),
-    )
-    episode = env.start({})
     t0 = time.monotonic()
-    loop = episode.step("<python>while True:\n    pass</python>")
+    loop = python_env(0.5).start({}).step("<python>while True:\n    pass</python>")
     assert time.monotonic() - t0 < 10
     assert loop.counts["tool_timeouts"] == 1 and "stopped" in loop.message
+    episode = python_env(10.0).start({})  # generous: these programs end by themselves
     huge = episode.step("<python>print('z' * 10**6)</python>")
     assert huge.counts.get("results_cut") == 1 and huge.message.startswith("z" * 100 + "\n[cut:")
     crash = episode.step("<python>print(1)\nraise ValueError('bad')</python>")
