@@ -177,7 +177,8 @@ def run_path(path: str, weights: dict, shapes: dict, dtype: str, args: argparse.
         Collective,
         make_process_group,
     )
-    from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, WeightStore
+    from zbrl.transport.weight_sync.object_store import ObjectStorePublisher
+    from zbrl.transport.weight_sync.store import WeightStore
 
     store = ray.remote(WeightStore).options(num_cpus=0, max_concurrency=64).remote()
     client = WeightStoreClient(RayHandle(store))

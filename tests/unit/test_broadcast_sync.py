@@ -18,7 +18,7 @@ from zbrl.transport.weight_sync.broadcast import (
     BroadcastSettings,
 )
 from zbrl.transport.weight_sync.buckets import flatten, plan_layout, unflatten
-from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.transport.weight_sync.store import WeightStore
 
 SETTINGS = BroadcastSettings(
     bucket_bytes=4096,  # several buckets per version, one tensor split across buckets

@@ -11,7 +11,7 @@ from zbrl.telemetry.hub import TelemetryHub
 from zbrl.transport.buffer import RolloutBuffer
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.transport.weight_sync.store import WeightStore
 from zbrl.types import RolloutGroup, WeightsMessage
 
 

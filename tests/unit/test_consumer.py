@@ -15,7 +15,8 @@ from zbrl.training.engine.single import SingleProcessEngine
 from zbrl.training.train_step import Trainer
 from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, WeightStore
+from zbrl.transport.weight_sync.object_store import ObjectStorePublisher
+from zbrl.transport.weight_sync.store import WeightStore
 from zbrl.types import RolloutGroup, TrainBatch
 
 

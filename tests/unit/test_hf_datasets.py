@@ -23,7 +23,8 @@ from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.buffer import RolloutBuffer
 from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver, WeightStore
+from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
+from zbrl.transport.weight_sync.store import WeightStore
 
 ROWS = {
     "question": ["What is 2+3?", "What is 7-4?", "What is 6+1?"],

@@ -32,7 +32,7 @@ from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.buckets import flatten, plan_layout, unflatten
 from zbrl.transport.weight_sync.factory import build_publisher
-from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.transport.weight_sync.store import WeightStore
 
 LOSS_ATOL = 2e-3
 GRAD_REL_L2 = 2e-2

@@ -17,7 +17,7 @@ from zbrl.transport.buffer import RolloutBuffer
 from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
-from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.transport.weight_sync.store import WeightStore
 
 OVERRIDES = [
     "rollout.generation.max_new_tokens=12",

@@ -18,7 +18,8 @@ from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.buffer import RolloutBuffer
 from zbrl.transport.clients import BufferClient, WeightStoreClient
 from zbrl.transport.handles import LocalHandle
-from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver, WeightStore
+from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
+from zbrl.transport.weight_sync.store import WeightStore
 from zbrl.types import EncodedPrompt, WeightsMessage
 
 BASE = 100  # prompt i starts with token BASE + i

@@ -88,7 +88,7 @@ class Spawner:
         import ray
 
         from zbrl.transport.buffer import RolloutBuffer
-        from zbrl.transport.weight_sync.object_store import WeightStore
+        from zbrl.transport.weight_sync.store import WeightStore
 
         cfg, la = self.cfg, self.cfg.launch
         shared = _shared_options(cfg, self.placement)

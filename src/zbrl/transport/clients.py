@@ -16,7 +16,7 @@ from typing import Any
 from zbrl.telemetry.hub import TelemetryHub
 from zbrl.transport.buffer import RolloutBuffer, TakeResult
 from zbrl.transport.handles import Handle, Pending
-from zbrl.transport.weight_sync.object_store import WeightStore
+from zbrl.transport.weight_sync.store import WeightStore
 from zbrl.types import Reservation, RolloutGroup, WeightsMessage
 
 

@@ -4,8 +4,9 @@ Implements the protocol of :mod:`zbrl.transport.weight_sync.base`:
 ``ObjectStorePublisher.publish(version, named_tensors)`` on the consumer,
 ``ObjectStoreReceiver.poll()`` and ``ObjectStoreReceiver.receive_into(load)`` on a producer. Over
 the object store: a published version is one immutable object (a CPU copy of every tensor, taken on
-the training thread), sent by a background thread, and announced to a small ``WeightStore``. The
-object store caches the latest weights for every producer. A version is never torn: each one is
+the training thread), sent by a background thread, and announced to the small weight store
+(:mod:`zbrl.transport.weight_sync.store`). The object store caches the latest weights for every
+producer. A version is never torn: each one is
 its own copy, and a newer version supersedes an older one that is still waiting to be sent.
 """
 
@@ -14,137 +15,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.types import WeightsMessage
-
-if TYPE_CHECKING:  # clients.py imports this module (for WeightStore)
-    from zbrl.transport.clients import WeightStoreClient
-
-
-class WeightStore:
-    """Holds the announcement of the newest published version (a plain class; an actor in runs).
-
-    Reached through :class:`zbrl.transport.clients.WeightStoreClient`.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._latest: WeightsMessage | None = None
-        self._wanted: dict[str, int] = {}  # broadcast group: member -> its latest join request
-        self._join_seq = 0
-        self._group: Any = None
-        self._kv: dict[str, bytes] = {}  # the broadcast group's rendezvous (a c10d store)
-
-    def put(self, message: WeightsMessage) -> bool:
-        """Announce ``message``; False (and ignored) when it is not newer than the latest."""
-        with self._lock:
-            if self._latest is not None and message.version <= self._latest.version:
-                return False
-            self._latest = message
-            self._lock.notify_all()
-            return True
-
-    def wait_for_newer(self, have: int, timeout: float) -> int:
-        """Block until a version newer than ``have`` exists (or ``timeout``); the latest version.
-
-        Receivers long-poll with this instead of sleeping between polls, so a new version is
-        fetched as soon as it is announced.
-        """
-        with self._lock:
-            self._lock.wait_for(lambda: self._version() > have, timeout=timeout)
-            return self._version()
-
-    def _version(self) -> int:
-        return -1 if self._latest is None else self._latest.version
-
-    def latest_version(self) -> int:
-        with self._lock:
-            return self._version()
-
-    def latest(self) -> WeightsMessage | None:
-        with self._lock:
-            return self._latest
-
-    # group membership of broadcast weight sync (zbrl.transport.weight_sync.broadcast)
-    def request_join(self, member: str) -> int:
-        """``member`` wants to be in the broadcast group (again); returns its request number."""
-        with self._lock:
-            self._join_seq += 1
-            self._wanted[member] = self._join_seq
-            self._lock.notify_all()
-            return self._join_seq
-
-    def leave(self, member: str) -> None:
-        with self._lock:
-            self._wanted.pop(member, None)
-            self._lock.notify_all()
-
-    def drop_member(self, member: str, seq: int) -> None:
-        """Forget ``member``'s request ``seq`` (it did not come to a group); a newer request of
-        the same member (a restart) stays."""
-        with self._lock:
-            if self._wanted.get(member) == seq:
-                del self._wanted[member]
-                self._lock.notify_all()
-
-    def join_requests(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._wanted)
-
-    def set_group(self, group: Any) -> None:
-        """Announce a newly formed broadcast group (a ``GroupInfo``)."""
-        with self._lock:
-            self._group = group
-            self._lock.notify_all()
-
-    # key-value rendezvous of the broadcast group's process group (broadcast.ActorStore)
-    def kv_set(self, key: str, value: bytes) -> None:
-        with self._lock:
-            self._kv[key] = value
-            self._lock.notify_all()
-
-    def kv_get(self, key: str, timeout: float) -> bytes | None:
-        """The value of ``key`` once it is set (None after ``timeout`` seconds)."""
-        with self._lock:
-            self._lock.wait_for(lambda: key in self._kv, timeout=timeout)
-            return self._kv.get(key)
-
-    def kv_add(self, key: str, amount: int) -> int:
-        with self._lock:
-            value = int(self._kv.get(key, b"0")) + amount
-            self._kv[key] = str(value).encode()
-            self._lock.notify_all()
-            return value
-
-    def kv_check(self, keys: list[str]) -> bool:
-        with self._lock:
-            return all(k in self._kv for k in keys)
-
-    def kv_delete(self, key: str) -> bool:
-        with self._lock:
-            return self._kv.pop(key, None) is not None
-
-    def kv_clear(self, prefix: str) -> None:
-        """Forget every key under ``prefix`` (a finished epoch's rendezvous)."""
-        with self._lock:
-            for key in [k for k in self._kv if k.startswith(prefix)]:
-                del self._kv[key]
-
-    def wait_for_group(self, have_epoch: int, timeout: float) -> Any:
-        """The group info once its epoch is newer than ``have_epoch`` (None on timeout)."""
-        with self._lock:
-            self._lock.wait_for(
-                lambda: self._group is not None and self._group.epoch > have_epoch,
-                timeout=timeout,
-            )
-            if self._group is not None and self._group.epoch > have_epoch:
-                return self._group
-            return None
 
 
 def cpu_copy(
