@@ -74,3 +74,79 @@ def test_the_rule_sees_a_violation(tmp_path: Path) -> None:
     assert _matches("zbrl.launch.driver", ("zbrl.launch",))
     assert {"zbrl.launch.driver", "ray"} <= _imports(module)
     assert not _matches("zbrl.launcher", ("zbrl.launch",))
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Modules ``path`` imports when it is loaded (top level, including ``if TYPE_CHECKING:``
+    blocks, not inside functions): ``from a.b import c`` names ``a.b`` and ``a.b.c``."""
+    names: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                visit(node.body)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body)
+    return names
+
+
+def _import_cycles() -> list[list[str]]:
+    """Import circles between modules (package ``__init__`` files, which re-export their
+    submodules, are left out): each strongly connected component of more than one module."""
+    modules = {
+        "zbrl." + ".".join(path.relative_to(SRC).with_suffix("").parts): path
+        for path in SRC.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    graph = {
+        name: _module_imports(path) & modules.keys() - {name} for name, path in modules.items()
+    }
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(name: str) -> None:  # Tarjan's algorithm
+        order[name] = low[name] = len(order)
+        stack.append(name)
+        for other in graph[name]:
+            if other not in order:
+                connect(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], order[other])
+        if low[name] == order[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in order:
+            connect(name)
+    return cycles
+
+
+def test_no_two_modules_import_each_other_even_for_type_checking() -> None:
+    assert _import_cycles() == []
+
+
+def test_the_cycle_finder_sees_a_type_checking_circle(tmp_path, monkeypatch) -> None:
+    package = tmp_path / "zbrl"
+    package.mkdir()
+    (package / "a.py").write_text("from zbrl.b import B\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from zbrl.a import A\nB = 1\n"
+    )
+    (package / "c.py").write_text("from zbrl.a import A\n")
+    monkeypatch.setattr(f"{__name__}.SRC", package)
+    assert _import_cycles() == [["zbrl.a", "zbrl.b"]]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from zbrl.config.algorithm import (
     CORRECTIONS_WITH_PROXIMAL,
@@ -12,15 +12,47 @@ from zbrl.config.algorithm import (
     GspoLoss,
     ReinforcePPAdvantage,
 )
-from zbrl.config.data import HELD_OUT, check_eval_sources, check_reasoning_gym_reward
+from zbrl.config.data import HELD_OUT, DataConfig, HfSource, ReasoningGymSource
 from zbrl.config.model import EMBEDDED
 from zbrl.config.rewards import LengthShapingOptions
 
 if TYPE_CHECKING:
-    from zbrl.config.run import RunConfig
+    from zbrl.config.algorithm import AlgorithmConfig
+    from zbrl.config.evaluation import EvalConfig
+    from zbrl.config.launch import LaunchConfig
+    from zbrl.config.model import ModelConfig
+    from zbrl.config.rewards import RewardConfig
+    from zbrl.config.rollout import RolloutConfig
+    from zbrl.config.training import TrainingConfig
+    from zbrl.config.transport import TransportConfig
 
 
-def check_train_batching(cfg: RunConfig) -> None:
+class RunSections(Protocol):
+    """What the checks read of a run's config: its sections. :class:`zbrl.config.run.RunConfig`
+    is one (it runs :data:`RUN_CHECKS` when it is validated); typing the checks against this
+    protocol keeps this module below ``config.run`` instead of in an import circle with it."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def reward(self) -> RewardConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def algorithm(self) -> AlgorithmConfig: ...
+    @property
+    def training(self) -> TrainingConfig: ...
+    @property
+    def transport(self) -> TransportConfig: ...
+    @property
+    def launch(self) -> LaunchConfig: ...
+    @property
+    def eval(self) -> EvalConfig: ...
+
+
+def check_train_batching(cfg: RunSections) -> None:
     t = cfg.training
     minibatch = t.train_minibatch_size or t.train_batch_size
     if t.train_batch_size % minibatch:
@@ -52,7 +84,7 @@ def check_train_batching(cfg: RunConfig) -> None:
         )
 
 
-def check_inference_batching(cfg: RunConfig) -> None:
+def check_inference_batching(cfg: RunSections) -> None:
     r = cfg.rollout
     if r.inference_batch_size % r.inference_microbatch_size:
         raise ValueError(
@@ -62,7 +94,7 @@ def check_inference_batching(cfg: RunConfig) -> None:
         )
 
 
-def check_group_size(cfg: RunConfig) -> None:
+def check_group_size(cfg: RunSections) -> None:
     g = cfg.rollout.generation.num_generations
     a = cfg.algorithm
     needs_group = a.advantage.type in GROUP_ESTIMATORS or (
@@ -77,7 +109,7 @@ def check_group_size(cfg: RunConfig) -> None:
         )
 
 
-def check_length_shaping(cfg: RunConfig) -> None:
+def check_length_shaping(cfg: RunSections) -> None:
     rw = cfg.reward
     budget = cfg.rollout.generation.max_new_tokens
     if not isinstance(rw, LengthShapingOptions) or not rw.soft_overlong_punishment:
@@ -95,7 +127,7 @@ def check_length_shaping(cfg: RunConfig) -> None:
         )
 
 
-def check_topology(cfg: RunConfig) -> None:
+def check_topology(cfg: RunSections) -> None:
     la = cfg.launch
     backend = cfg.rollout.backend
     tp = backend.tensor_parallel_size if backend.type == "vllm" else 1
@@ -107,7 +139,7 @@ def check_topology(cfg: RunConfig) -> None:
         )
 
 
-def check_vllm_lengths(cfg: RunConfig) -> None:
+def check_vllm_lengths(cfg: RunSections) -> None:
     backend = cfg.rollout.backend
     budget = cfg.rollout.generation.max_new_tokens
     limit = backend.max_model_len if backend.type == "vllm" else None
@@ -119,7 +151,7 @@ def check_vllm_lengths(cfg: RunConfig) -> None:
         )
 
 
-def check_vllm_evaluator(cfg: RunConfig) -> None:
+def check_vllm_evaluator(cfg: RunSections) -> None:
     backend = cfg.rollout.backend
     if backend.type == "vllm" and cfg.launch.producer_num_gpus > 0 and cfg.eval.sets:
         raise ValueError(
@@ -129,7 +161,7 @@ def check_vllm_evaluator(cfg: RunConfig) -> None:
         )
 
 
-def check_engine(cfg: RunConfig) -> None:
+def check_engine(cfg: RunSections) -> None:
     """The engine fits the number of consumers and their devices."""
     engine, consumers = cfg.training.engine, cfg.launch.num_consumers
     if engine.type == "single" and consumers > 1:
@@ -164,7 +196,7 @@ def check_engine(cfg: RunConfig) -> None:
         )
 
 
-def check_staleness_buffer(cfg: RunConfig) -> None:
+def check_staleness_buffer(cfg: RunSections) -> None:
     cap = cfg.transport.buffer_capacity
     if cap is not None and cap < cfg.training.train_batch_size:
         raise ValueError(
@@ -173,7 +205,7 @@ def check_staleness_buffer(cfg: RunConfig) -> None:
         )
 
 
-def check_weight_sync(cfg: RunConfig) -> None:
+def check_weight_sync(cfg: RunSections) -> None:
     sync = cfg.transport.weight_sync
     if sync.type != "broadcast":
         return
@@ -199,7 +231,7 @@ def check_weight_sync(cfg: RunConfig) -> None:
         )
 
 
-def check_correction(cfg: RunConfig) -> None:
+def check_correction(cfg: RunSections) -> None:
     a = cfg.algorithm
     if a.correction == "none":
         return
@@ -224,7 +256,7 @@ def check_correction(cfg: RunConfig) -> None:
         )
 
 
-def check_proximal(cfg: RunConfig) -> None:
+def check_proximal(cfg: RunSections) -> None:
     a = cfg.algorithm
     if a.proximal == "loglinear" and a.correction not in CORRECTIONS_WITH_PROXIMAL:
         raise ValueError(
@@ -233,7 +265,7 @@ def check_proximal(cfg: RunConfig) -> None:
         )
 
 
-def check_critic(cfg: RunConfig) -> None:
+def check_critic(cfg: RunSections) -> None:
     a = cfg.algorithm
     gae = isinstance(a.advantage, GaeAdvantage)
     if gae and a.critic is None:
@@ -262,7 +294,7 @@ def check_critic(cfg: RunConfig) -> None:
         )
 
 
-def check_step_start_pass(cfg: RunConfig) -> None:
+def check_step_start_pass(cfg: RunSections) -> None:
     """The decoupled correction's step-start pass runs on the single-process engine only (its
     forward passes are not paired up across data-parallel ranks yet)."""
     a = cfg.algorithm
@@ -275,7 +307,7 @@ def check_step_start_pass(cfg: RunConfig) -> None:
         )
 
 
-def check_embedded_task_with_user_model(cfg: RunConfig) -> None:
+def check_embedded_task_with_user_model(cfg: RunSections) -> None:
     """A model of the user's is not trained or evaluated on the embedded synthetic task unless
     ``data.allow_embedded_task_with_user_model`` says so (the defaults would do it silently)."""
     data = cfg.data
@@ -302,7 +334,49 @@ def check_embedded_task_with_user_model(cfg: RunConfig) -> None:
         )
 
 
-RUN_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
+def check_eval_sources(cfg: RunSections) -> None:
+    """Every eval set names data that exists for the chosen training source."""
+    data = cfg.data
+    for name, value in cfg.eval.sets.items():
+        where = f"eval.sets.{name}={value!r}"
+        if value == HELD_OUT:
+            if data.source is None and not data.trains_on_embedded:
+                raise ValueError(
+                    f"{where}: data.train_path is a file, which has no held-out split; name an "
+                    "eval file instead (eval.sets={NAME: PATH})"
+                )
+            if isinstance(data.source, HfSource) and data.source.eval_split is None:
+                raise ValueError(
+                    f"{where}: data.source has no eval_split; set data.source.eval_split to the "
+                    "split to evaluate on (e.g. test)"
+                )
+        elif value == EMBEDDED and data.source is not None:
+            raise ValueError(
+                f"{where} evaluates the embedded arithmetic task while training on "
+                f"data.source (type {data.source.type}); set eval.sets={{{name}: {HELD_OUT}}} "
+                "for the source's held-out split, name an eval file, or set eval.sets={}"
+            )
+
+
+def check_reasoning_gym_reward(cfg: RunSections) -> None:
+    """The reasoning_gym reward scores reasoning-gym problems only."""
+    if cfg.reward.type != "reasoning_gym":
+        return
+    if not isinstance(cfg.data.source, ReasoningGymSource):
+        raise ValueError(
+            "reward.type=reasoning_gym scores with the task's own score_answer, which needs the "
+            "problems of a reasoning-gym source; set data.source={type: reasoning_gym, tasks: "
+            "[...]}, or use a math reward (last_number, boxed, think_answer_tags) for other data"
+        )
+    files = sorted(name for name, value in cfg.eval.sets.items() if value != HELD_OUT)
+    if files:
+        raise ValueError(
+            f"reward.type=reasoning_gym can score only reasoning-gym problems, but eval set(s) "
+            f"{', '.join(files)} are not; set them to {HELD_OUT} (the source's eval problems)"
+        )
+
+
+RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_train_batching,
     check_inference_batching,
     check_group_size,

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from zbrl.config.base import Section
 from zbrl.config.model import EMBEDDED
 from zbrl.config.plugin import plugin_union
-
-if TYPE_CHECKING:
-    from zbrl.config.run import RunConfig
 
 HELD_OUT = "held_out"
 """``eval.sets`` value that selects the held-out split of the training data: the embedded task's
@@ -188,48 +185,3 @@ class DataConfig(Section):
     def trains_on_embedded(self) -> bool:
         """True when the training prompts are the embedded synthetic task."""
         return self.source is None and self.train_path == EMBEDDED
-
-
-# Cross-section checks (registered in zbrl.config.checks.RUN_CHECKS)
-
-
-def check_eval_sources(cfg: RunConfig) -> None:
-    """Every eval set names data that exists for the chosen training source."""
-    data = cfg.data
-    for name, value in cfg.eval.sets.items():
-        where = f"eval.sets.{name}={value!r}"
-        if value == HELD_OUT:
-            if data.source is None and not data.trains_on_embedded:
-                raise ValueError(
-                    f"{where}: data.train_path is a file, which has no held-out split; name an "
-                    "eval file instead (eval.sets={NAME: PATH})"
-                )
-            if isinstance(data.source, HfSource) and data.source.eval_split is None:
-                raise ValueError(
-                    f"{where}: data.source has no eval_split; set data.source.eval_split to the "
-                    "split to evaluate on (e.g. test)"
-                )
-        elif value == EMBEDDED and data.source is not None:
-            raise ValueError(
-                f"{where} evaluates the embedded arithmetic task while training on "
-                f"data.source (type {data.source.type}); set eval.sets={{{name}: {HELD_OUT}}} "
-                "for the source's held-out split, name an eval file, or set eval.sets={}"
-            )
-
-
-def check_reasoning_gym_reward(cfg: RunConfig) -> None:
-    """The reasoning_gym reward scores reasoning-gym problems only."""
-    if cfg.reward.type != "reasoning_gym":
-        return
-    if not isinstance(cfg.data.source, ReasoningGymSource):
-        raise ValueError(
-            "reward.type=reasoning_gym scores with the task's own score_answer, which needs the "
-            "problems of a reasoning-gym source; set data.source={type: reasoning_gym, tasks: "
-            "[...]}, or use a math reward (last_number, boxed, think_answer_tags) for other data"
-        )
-    files = sorted(name for name, value in cfg.eval.sets.items() if value != HELD_OUT)
-    if files:
-        raise ValueError(
-            f"reward.type=reasoning_gym can score only reasoning-gym problems, but eval set(s) "
-            f"{', '.join(files)} are not; set them to {HELD_OUT} (the source's eval problems)"
-        )
