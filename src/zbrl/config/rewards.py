@@ -17,7 +17,8 @@ class SandboxConfig(Section):
     timeout_s: float = Field(default=5.0, gt=0)
     """Wall-clock limit of one test case."""
     memory_mb: int = Field(default=512, ge=16)
-    """Address-space limit of a candidate program."""
+    """Address-space limit of a candidate program, MiB; below 64 the reward refuses to build
+    (the interpreter needs it)."""
     max_workers: int = Field(default=2, ge=1)
     """Candidate programs run in parallel."""
     backend: Literal["auto", "bwrap", "rlimits"] = "auto"
@@ -41,7 +42,9 @@ class RewardBase(Section):
     """What every reward variant has."""
 
     extra: list[ExtraReward] = Field(default_factory=list)
-    """Further rewards added with weights (format bonus, length, user functions)."""
+    """Further rewards added with weights: a registered reward (``think_answer_tags``, ``boxed``,
+    ``last_number``, ``reasoning_gym``, ``code``) with its constructor options, or a user function
+    ``package.module:function``."""
 
 
 class LengthShapingOptions(RewardBase):
@@ -66,8 +69,9 @@ class AnswerScoreOptions(LengthShapingOptions):
     wrong_reward: float = 0.0
     """Reward of a wrong or unformatted answer."""
     timeout_s: float = Field(default=5.0, gt=0)
-    """Deadline of one answer check (math_verify, or the task's scorer) in a killable worker;
-    past it the answer counts as wrong."""
+    """Deadline of one answer check (math_verify, or the task's scorer) in a killable worker.
+    Past it math_verify gives no verdict and the normalised string match alone decides (a
+    matching answer is still credited); a reasoning-gym scorer past it scores the answer wrong."""
 
 
 class MathRewardOptions(AnswerScoreOptions):

@@ -2,8 +2,9 @@
 
 :func:`answers_equivalent` compares with ``math_verify`` (symbolic: ``\\frac{1}{2}`` = ``0.5`` =
 ``1/2``, sets, intervals, ...) and falls back to a normalised string match. It never raises on a
-bad prediction: a parse failure, a timeout or a crash is a wrong answer. A bad *gold* answer (empty
-or not a string) raises ``ValueError``: that is a dataset problem.
+bad prediction: a parse failure, a timeout or a crash of math_verify gives no verdict, and the
+string match alone decides. A bad *gold* answer (empty or not a string) raises ``ValueError``:
+that is a dataset problem.
 
 Protection against pathological inputs (math_verify calls sympy, which can run for ever on
 ``9^{9^{9}}`` or deeply nested braces, holding the GIL):
