@@ -2,9 +2,11 @@
 
 A run holds an exclusive ``flock`` on ``RUN_DIR/.zbrl-run.lock`` for its whole life (the kernel
 drops it when the process ends, however it ends). A second run configured with the same directory
-is refused while the first holds it. A configured directory that holds a finished run is left as
-it is and the run gets a fresh sibling, ``NAME-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when that
-name is taken), created with an exclusive ``mkdir`` so two runs never get the same one.
+is refused while the first holds it, and so is one holding checkpoints of an earlier run (unless
+``sibling_if_used``, as ``zbrl demo`` asks). A configured directory with other content (an earlier
+run without checkpoints) is left as it is and the run gets a fresh sibling,
+``NAME-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when that name is taken), created with an exclusive
+``mkdir`` so two runs never get the same one.
 
 Nothing is created before a run's checks have passed: :func:`check_run_dir` refuses what
 :func:`claim_run_dir` would refuse (a live run in it, earlier checkpoints, a path that cannot be
