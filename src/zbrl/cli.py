@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-# recipes/ lives at the repository root (DESIGN.md §2); zbrl is installed from a checkout.
+# recipes/ lives at the repository root (docs/architecture.md, Layout and import rules); zbrl is
+# installed from a checkout.
 DEMO_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 

@@ -1,4 +1,5 @@
-"""The house's import rules (DESIGN.md §2), checked on the source: arrows only point down."""
+"""The house's import rules (docs/architecture.md, Layout and import rules), checked on the
+source: arrows only point down."""
 
 from __future__ import annotations
 

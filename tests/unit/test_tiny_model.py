@@ -65,7 +65,7 @@ def test_tags_and_roles_are_single_tokens_and_tags_survive_skip_special_tokens(m
 
 def test_saved_directory_is_a_llama_with_consistent_special_ids(model_dir):
     config = json.loads((model_dir / "config.json").read_text())
-    assert config["model_type"] == "llama"  # not qwen2: see DESIGN §4
+    assert config["model_type"] == "llama"  # not qwen2: docs/embedded-default.md
     generation = json.loads((model_dir / "generation_config.json").read_text())
     tok = AutoTokenizer.from_pretrained(model_dir)
     assert tok.eos_token == EOS_TOKEN

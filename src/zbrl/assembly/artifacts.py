@@ -1,8 +1,9 @@
 """What a run needs on disk before workers start: the model directory and the dataset files.
 
-The embedded default (DESIGN §4) is built here: the synthetic task's JSONL files and the
-warm-started tiny model, both cached under ``logging.cache_dir``; any other ``model.path`` is
-resolved to a local directory here (:mod:`zbrl.models.sources`), so workers only see local paths.
+The embedded default (docs/embedded-default.md) is built here: the synthetic task's JSONL files
+and the warm-started tiny model, both cached under ``logging.cache_dir``; any other
+``model.path`` is resolved to a local directory here (:mod:`zbrl.models.sources`), so workers
+only see local paths.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ FLOAT16_REFUSED = (
 """Why ``model.dtype=float16`` is refused, and what to use instead (docs/precision.md)."""
 
 EMBEDDED = "embedded"
-"""``model.path`` / ``data.train_path`` value that selects the embedded default (DESIGN §4)."""
+"""``model.path`` / ``data.train_path`` value that selects the embedded default
+(docs/embedded-default.md)."""
 
 
 class WarmStartConfig(Section):

@@ -1,4 +1,4 @@
-"""Pluggable parts as discriminated unions on ``type`` (DESIGN.md §3).
+"""Pluggable parts as discriminated unions on ``type`` (docs/architecture.md, Conventions).
 
 Each built-in variant is a section whose ``type`` is a ``Literal`` and whose fields are exactly
 the options that variant uses, so a setting that does not apply to the chosen variant is an

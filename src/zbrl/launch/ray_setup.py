@@ -1,4 +1,4 @@
-"""Starting Ray: a local cluster on loopback only (DESIGN §5), or an existing cluster.
+"""Starting Ray: a local cluster on loopback only (docs/cluster.md), or an existing cluster.
 
 A local Ray binds every listening socket (GCS, raylet node manager and object manager, runtime-env
 agent, the gRPC server of the driver and of every worker) to the node IP address it was started

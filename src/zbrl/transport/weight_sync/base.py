@@ -1,4 +1,5 @@
-"""The weight-sync protocol (DESIGN §1): how trained weights reach the producers and evaluator.
+"""The weight-sync protocol: how trained weights reach the producers and evaluator
+(docs/architecture.md, Weight sync).
 
 The protocol has two sides. The consumer holds a :class:`WeightPublisher` and calls
 ``publish(version, named_tensors)`` after every step; producers and the evaluator hold a
