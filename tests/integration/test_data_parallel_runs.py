@@ -50,7 +50,8 @@ def tiny_overrides(run_dir, cache, engine):
     ]
 
 
-@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+# FSDP2 end to end in the slow tier; tests/unit/test_data_parallel.py checks both engines' steps
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, cache, engine):
     run_dir = tmp_path / "run"
     cfg = load_config(DEMO, tiny_overrides(run_dir, cache, engine))
@@ -77,6 +78,7 @@ def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, c
     assert not list((run_dir / "checkpoints").glob("*.partial"))
 
 
+@pytest.mark.slow
 def test_a_consumer_failing_mid_step_ends_the_run_with_its_name(tmp_path, cache):
     # rank 1 raises in its first step while rank 0 waits for it in a collective: the run must end
     # (not hang until the group's timeout) and name consumer-1 and the cause

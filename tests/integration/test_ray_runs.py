@@ -82,7 +82,8 @@ def test_short_run_trains_saves_and_reports(tmp_path, cache):
     assert len(rollouts[0]["responses"]) == 4 and isinstance(rollouts[0]["responses"][0], str)
 
 
-@pytest.mark.parametrize("producers", [1, 2])
+# one producer: the slow tier; two (the partial batch is one producer's) in make test
+@pytest.mark.parametrize("producers", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache, producers):
     overrides = [
         *small_overrides(tmp_path, cache),
@@ -119,6 +120,7 @@ def test_injected_producer_failure_ends_run_with_clear_error(tmp_path, cache):
     assert "injected producer failure" in proc.stderr
 
 
+@pytest.mark.slow  # broadcast end to end (tests/unit/test_broadcast_sync.py: the protocol)
 def test_broadcast_weight_sync_run_records_where_workers_ran(tmp_path, cache):
     overrides = [
         *small_overrides(tmp_path, cache),
