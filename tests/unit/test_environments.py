@@ -246,3 +246,24 @@ def test_the_documented_custom_environment_runs(tmp_path, monkeypatch):
     result = episode_result(ep, None)
     assert result.reward == pytest.approx(1.0 - 4 * 0.05) and result.ans_acc == 1.0
     sys.modules.pop("my_envs_doc", None)
+
+
+def test_the_documented_custom_tool_runs(tmp_path, monkeypatch):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    section = doc.split("A custom tool for the `tools` environment", 1)[1]
+    (tmp_path / "my_tools_doc.py").write_text(section.split("```python\n", 1)[1].split("```")[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = build_environment(
+        cfg(
+            {
+                "call_format": "tags",
+                "tools": [
+                    "calculator",
+                    {"type": "my_tools_doc:WordCount", "options": {"tag": "words"}},
+                ],
+            }
+        ).environment
+    )
+    turn = env.start({}).step("<words>one two three</words><calc>2+2</calc>")
+    assert turn.message == "3\n4" and turn.counts == {"tool_calls": 2}
+    sys.modules.pop("my_tools_doc", None)
