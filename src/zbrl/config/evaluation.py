@@ -15,11 +15,13 @@ class EvalConfig(Section):
     """Eval sets as ``{name: path}``; ``embedded`` is the synthetic task's held-out split,
     ``held_out`` the held-out split of the training data (of ``data.source`` when it is set)."""
     interval: int = Field(default=0, ge=0)
-    """Evaluate every N training steps, plus at start and end (0: only start and end)."""
+    """Evaluate every N training steps (0: not in between); the final policy is evaluated too
+    when the run ends normally (not after a stop signal or a failure)."""
     at_start: bool = True
-    """Evaluate the initial policy."""
+    """Evaluate the initial policy before training (a resumed run reuses the first run's
+    initial figures)."""
     num_samples: int = Field(default=1, ge=1)
-    """Samples per prompt (n); pass@k is reported for every k <= n that is a power of two."""
+    """Samples per prompt (n); pass@k is reported for every power of two k <= n, and for n."""
     temperature: float = Field(default=0.6, ge=0)
     """Eval sampling temperature; 0 is greedy."""
     max_new_tokens: int | None = Field(default=None, ge=1)

@@ -13,7 +13,9 @@ class LoggingConfig(Section):
     run_dir: str = "runs/{name}"
     """Output directory; ``{name}`` is replaced by the run name."""
     cache_dir: str = ".cache/zbrl"
-    """Cache of built artefacts (embedded model, warm start)."""
+    """Cache of built artefacts: the embedded model and task, warm starts, GGUF files converted
+    to Hugging Face directories (``gguf/``) and models put there by ``zbrl models pull``
+    (``models/``)."""
     save_interval: int = Field(default=100, ge=0)
     """Save a resumable checkpoint (HF weights + optimizer, RNG, buffer and sampler state) every
     N training steps (0: only at the end and when interrupted)."""
