@@ -248,3 +248,35 @@ def test_the_tool_demos_warm_start_trains_the_sequences_episodes_produce():
     assert ep.text == f"<answer>{a * b}</answer>"
     plain = sequence(TOKENIZER, formatter, demo_task.make_row(a, b, tools=False), tools=False)
     assert TOKENIZER.decode(plain[1]) == f"<answer>{a * b}</answer><|end|>" and all(plain[2])
+
+
+def test_tool_calls_of_a_batch_run_in_parallel_only_for_thread_safe_tools():
+    import threading
+
+    from zbrl.environments.tool_env import ToolEnvironment, ToolSettings
+
+    class Meeting:
+        """Two calls must be inside ``call`` at the same time, else the barrier breaks."""
+
+        name, tag, argument = "meet", "meet", "x"
+
+        def __init__(self, thread_safe):
+            self.thread_safe = thread_safe
+            self.barrier = threading.Barrier(2, timeout=2.0)
+
+        def call(self, arguments):
+            self.barrier.wait()
+            return "met"
+
+    settings = ToolSettings("tags", "reply", 100, 5.0, False)
+    script = ScriptedBackend(lambda context, j: "<meet>1</meet>" if "met" not in context else "ok")
+    env = ToolEnvironment([Meeting(thread_safe=True)], settings)
+    assert env.parallel_steps
+    (episodes,) = runner(script, env).run([encoded("x")], params(n=2))
+    assert [ep.counts.get("tool_crashes", 0) for ep in episodes] == [0, 0]
+    assert all("<|user|>met<|end|>" in ep.transcript for ep in episodes)
+    serial = ToolEnvironment([Meeting(thread_safe=False)], settings)
+    assert (
+        not serial.parallel_steps
+        and not ToolEnvironment([Calculator(), Meeting(False)], settings).parallel_steps
+    )

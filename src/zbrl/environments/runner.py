@@ -16,6 +16,7 @@ is cut at the budget; an environment message that leaves no room ends the episod
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,10 @@ from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingPar
 from zbrl.types import EncodedPrompt
 
 logger = logging.getLogger(__name__)
+
+_STEP_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="zbrl-env-step")
+"""Threads that answer the model turns of a batch's episodes at once (environments with
+``parallel_steps``: the tools environment when all its tools are ``thread_safe``)."""
 
 
 @dataclass(frozen=True)
@@ -112,17 +117,34 @@ class EpisodeRunner:
             for p in prompts
         ]
         first = self.backend.generate([p.prompt_ids for p in prompts], turn_params)
-        for group, comps in zip(groups, first, strict=True):
-            for live, c in zip(group, comps, strict=True):
-                self._model_turn(live, c, version)
+        self._turns(
+            [(s, c) for g, comps in zip(groups, first, strict=True) for s, c in zip(g, comps)],
+            version,
+        )
         single = replace(turn_params, n=1)
         while live := [s for g in groups for s in g if not s.done]:
             room = max(self.limits.max_total_tokens - len(s.ids) for s in live)
             budget = replace(single, max_new_tokens=max(1, min(single.max_new_tokens, room)))
             comps = self.backend.generate([s.prompt_ids + s.ids for s in live], budget)
-            for s, c in zip(live, comps, strict=True):
-                self._model_turn(s, c[0], version)
+            self._turns([(s, c[0]) for s, c in zip(live, comps, strict=True)], version)
         return [[self._completion(s) for s in g] for g in groups]
+
+    def _turns(self, pairs: list[tuple[_Live, Completion]], version: int) -> None:
+        """Append each episode's model turn, let the environment answer every episode that goes
+        on (in parallel threads when it says its episodes may step concurrently), append the
+        answers."""
+        waiting = []
+        for s, c in pairs:
+            ids = self._model_turn(s, c, version)
+            if ids is not None:
+                waiting.append((s, ids))
+        states = [s for s, _ in waiting]
+        if getattr(self.environment, "parallel_steps", False) and len(states) > 1:
+            answers = list(_STEP_POOL.map(self._step, states))
+        else:
+            answers = [self._step(s) for s in states]
+        for (s, ids), turn in zip(waiting, answers, strict=True):
+            self._environment_turn(s, ids, turn)
 
     def _start(self, example: dict[str, Any]) -> Episode | None:
         try:
@@ -131,7 +153,9 @@ class EpisodeRunner:
             logger.exception("environment.start failed; the episode ends after its first turn")
             return None
 
-    def _model_turn(self, s: _Live, c: Completion, version: int) -> None:
+    def _model_turn(self, s: _Live, c: Completion, version: int) -> list[int] | None:
+        """Append a model turn; its ids when the environment is to answer it, None when the
+        episode ends with it (cut at a limit, or generation ran out of budget)."""
         room = self.limits.max_total_tokens - len(s.ids)
         ids = c.token_ids.tolist()[:room]
         cut = len(ids) < int(c.token_ids.numel())
@@ -155,8 +179,12 @@ class EpisodeRunner:
             if cut or len(s.ids) >= self.limits.max_total_tokens:
                 s.count("token_limit")
             s.done = s.truncated = True
-            return
-        turn = self._step(s)
+            return None
+        return ids
+
+    def _environment_turn(self, s: _Live, ids: list[int], turn: EnvTurn) -> None:
+        """The environment's answer ``turn`` to the model turn ``ids``: counted, and appended
+        unless the episode ends here."""
         s.reward += turn.reward
         if turn.ans_acc is not None:
             s.ans_acc = turn.ans_acc

@@ -48,6 +48,8 @@ class ToolEnvironment:
         self.tools = {t.name: t for t in tools}
         self.settings = settings
         self.tags = {t.tag: (t.name, t.argument) for t in tools}
+        self.parallel_steps = all(getattr(t, "thread_safe", False) for t in tools)
+        """Episodes may step in parallel threads (every tool says it is ``thread_safe``)."""
         if settings.stop_after_call:
             closers = (
                 [HERMES_CLOSE]

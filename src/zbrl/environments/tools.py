@@ -5,7 +5,8 @@ A tool is any object with ``name`` (what ``hermes`` calls name), ``tag`` (the ``
 tag), ``argument`` (the argument the ``tags`` format's body fills) and ``call(arguments) -> str``.
 A tool reports a failure the model should see by raising :class:`ToolError`; any other exception
 is a crash, a call past the deadline a timeout — all three are answered with an error message
-and counted, never raised into the producer.
+and counted, never raised into the producer. A tool with ``thread_safe = True`` (both built-ins)
+may be called from several episodes at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Calculator:
     """``calculate`` on the ``expression`` argument."""
 
     argument = "expression"
+    thread_safe = True
 
     def __init__(self, name: str = "calculator", tag: str = "calc") -> None:
         self.name, self.tag = name, tag
@@ -55,6 +57,7 @@ class SandboxedPython:
 
     argument = "code"
     own_deadline = True
+    thread_safe = True
 
     def __init__(
         self,
@@ -108,7 +111,9 @@ class CallOutcome:
     """The result, or the error message the model sees."""
 
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="zbrl-tool")
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="zbrl-tool")
+"""Runs calls under their deadline: more threads than the runner's parallel steps (8), so a call
+never waits for a thread while its deadline runs."""
 _POOL_LOCK = threading.Lock()
 
 
