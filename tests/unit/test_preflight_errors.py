@@ -295,3 +295,36 @@ def test_eval_mistakes_are_error_lines_before_any_model_loads(
     for argv, needle in cases:
         assert cli.main(["eval", *argv]) != 0, argv
         assert needle in error_line(capsys), argv
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (
+            ["data.train_path=embedded", "data.source={type: hf, path: /nowhere/data.jsonl}"],
+            "data.source.type=hf, but the 'datasets' package is not installed",
+        ),
+        (
+            [
+                "data.train_path=embedded",
+                "data.source={type: reasoning_gym, tasks: [basic_arithmetic]}",
+                "eval.sets={}",
+            ],
+            "pip install 'zbrl[reasoning-gym]'",
+        ),
+    ],
+)
+def test_a_data_source_without_its_package_names_the_extra(
+    start, monkeypatch, capsys, overrides, needle
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("datasets", "reasoning_gym") else find_spec(name, *a),
+    )
+    assert start(*overrides) != 0
+    assert needle in error_line(capsys)
+    assert not start.runs.exists()

@@ -34,6 +34,12 @@ OPTIONAL_SINKS = (
 """``(logging field, package to import, pyproject extra that installs it)`` of each optional
 metrics sink."""
 
+OPTIONAL_SOURCES = {
+    "hf": ("datasets", "datasets"),
+    "reasoning_gym": ("reasoning_gym", "reasoning-gym"),
+}
+"""``data.source.type`` (and ``reward.type``) -> (package to import, pyproject extra)."""
+
 
 def preflight(cfg: RunConfig) -> None:
     """Run every pre-flight check, cheapest first; the first failure raises."""
@@ -60,6 +66,18 @@ def check_optional_packages(cfg: RunConfig) -> None:
                 f"environment ({sys.executable}): install zbrl's {extra!r} extra "
                 f"(pip install 'zbrl[{extra}]', or pip install -e '.[{extra}]' in a checkout), "
                 f"or set logging.{field}=false"
+            )
+    needs = {
+        "data.source.type": cfg.data.source.type if cfg.data.source is not None else None,
+        "reward.type": cfg.reward.type,
+    }
+    for field, kind in needs.items():
+        if kind in OPTIONAL_SOURCES and importlib.util.find_spec(OPTIONAL_SOURCES[kind][0]) is None:
+            package, extra = OPTIONAL_SOURCES[kind]
+            raise RunError(
+                f"{field}={kind}, but the {package!r} package is not installed in this "
+                f"environment ({sys.executable}): install zbrl's {extra!r} extra "
+                f"(pip install 'zbrl[{extra}]', or pip install -e '.[{extra}]' in a checkout)"
             )
 
 
