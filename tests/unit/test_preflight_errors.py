@@ -328,3 +328,17 @@ def test_a_data_source_without_its_package_names_the_extra(
     assert start(*overrides) != 0
     assert needle in error_line(capsys)
     assert not start.runs.exists()
+
+
+@pytest.mark.parametrize("field", ["algorithm.advantage.type", "algorithm.policy_loss.type"])
+def test_a_user_algorithm_that_does_not_import_fails_before_the_run_dir(start, capsys, field):
+    assert start(f"{field}=nowhere.at_all:fn") != 0
+    err = error_line(capsys)
+    assert f"{field}='nowhere.at_all:fn'" in err
+    assert "cannot import module 'nowhere.at_all'" in err
+    assert not start.runs.exists()
+
+
+def test_a_sandbox_below_the_interpreters_memory_is_refused_by_the_config() -> None:
+    with pytest.raises(ConfigError, match=r"reward.sandbox.memory_mb.*at least 64"):
+        load_config(DEMO, ["reward.type=code", "reward.sandbox.memory_mb=32"])

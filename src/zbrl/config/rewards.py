@@ -16,9 +16,8 @@ class SandboxConfig(Section):
 
     timeout_s: float = Field(default=5.0, gt=0)
     """Wall-clock limit of one test case."""
-    memory_mb: int = Field(default=512, ge=16)
-    """Address-space limit of a candidate program, MiB; below 64 the reward refuses to build
-    (the interpreter needs it)."""
+    memory_mb: int = Field(default=512, ge=64)
+    """Address-space limit of a candidate program, MiB (at least 64: the interpreter needs it)."""
     max_workers: int = Field(default=2, ge=1)
     """Candidate programs run in parallel."""
     backend: Literal["auto", "bwrap", "rlimits"] = "auto"

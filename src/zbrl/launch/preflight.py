@@ -21,6 +21,7 @@ from zbrl.assembly.input_checks import check_data_files
 from zbrl.assembly.model_source import check_model_source
 from zbrl.assembly.settings import weight_sync_backend
 from zbrl.config import RunConfig
+from zbrl.config.plugin import is_import_path
 from zbrl.config.transport import BroadcastSync
 from zbrl.errors import RunError
 from zbrl.transport.weight_sync.broadcast import check_bindable
@@ -47,6 +48,7 @@ def preflight(cfg: RunConfig) -> None:
 
     check_optional_packages(cfg)
     check_reward(cfg)  # a reward that cannot be built (ConfigError naming ``reward``)
+    check_algorithm_imports(cfg)
     check_data_files(cfg)
     check_ray_address(cfg)
     check_broadcast_address(cfg)
@@ -79,6 +81,24 @@ def check_optional_packages(cfg: RunConfig) -> None:
                 f"environment ({sys.executable}): install zbrl's {extra!r} extra "
                 f"(pip install 'zbrl[{extra}]', or pip install -e '.[{extra}]' in a checkout)"
             )
+
+
+def check_algorithm_imports(cfg: RunConfig) -> None:
+    """A user advantage estimator or policy loss given as ``package.module:function`` imports
+    (the config checks only its form; without this it would fail at the first training step)."""
+    from zbrl.algorithms.advantages import ADVANTAGE_ESTIMATORS
+    from zbrl.algorithms.policy_loss import POLICY_LOSSES
+
+    for field, registry, name in (
+        ("algorithm.advantage.type", ADVANTAGE_ESTIMATORS, cfg.algorithm.advantage.type),
+        ("algorithm.policy_loss.type", POLICY_LOSSES, cfg.algorithm.policy_loss.type),
+    ):
+        if not is_import_path(name):
+            continue
+        try:
+            registry.get(name)
+        except (ImportError, ValueError) as exc:
+            raise RunError(f"{field}={name!r}: {exc}; fix the path or the module") from exc
 
 
 def split_address(address: str) -> tuple[str, int] | None:
