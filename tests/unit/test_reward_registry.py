@@ -122,7 +122,8 @@ def test_unknown_name_lists_known_names():
         build_reward("think_answer_tag")
     message = str(info.value)
     assert "unknown reward 'think_answer_tag'" in message
-    assert "boxed, code, last_number, reasoning_gym, think_answer_tags" in message
+    known = "boxed, code, http, last_number, reasoning_gym, reward_model, think_answer_tags"
+    assert known in message
     assert "package.module:function" in message
 
 

@@ -12,10 +12,14 @@ from typing import Any
 from zbrl.config import (
     CodeReward,
     ConfigError,
+    HttpReward,
+    LearnedRewardBase,
     LengthShapingOptions,
+    LlmJudgeReward,
     MathRewardOptions,
     ReasoningGymReward,
     ReasoningGymSource,
+    RewardModelReward,
     RunConfig,
     UserReward,
 )
@@ -25,14 +29,16 @@ from zbrl.rewards.base import RewardFunction
 from zbrl.rewards.registry import lookup_reward
 
 
-def build_reward_fn(cfg: RunConfig) -> RewardFunction:
+def build_reward_fn(cfg: RunConfig, *, scorer: Any = None) -> RewardFunction:
     """The primary reward with its options, plus weighted extra rewards.
 
-    Raises a clear error for an import path that does not import, options a reward does not take,
-    or an unknown extra reward, so ``zbrl validate`` and the start of ``zbrl train`` catch them.
+    ``scorer``: for ``reward.type: reward_model``, the client of the run's reward workers (None:
+    the model is loaded in this process). Raises a clear error for an import path that does not
+    import, options a reward does not take, or an unknown extra reward, so ``zbrl validate`` and
+    the start of ``zbrl train`` catch them.
     """
     rw = cfg.reward
-    primary = _primary(cfg)
+    primary = _primary(cfg, scorer)
     if not rw.extra:
         return primary
     parts: list[tuple[RewardFunction, float]] = [(primary, 1.0)]
@@ -44,15 +50,172 @@ def check_reward(cfg: RunConfig) -> None:
     """Build the reward once, so that a reward that cannot be built (an unknown extra reward, an
     import path that does not import, options it does not take) fails before any work starts,
     as a :class:`~zbrl.config.ConfigError` naming ``reward``."""
+    rw = cfg.reward
     try:
-        build_reward_fn(cfg)
+        if isinstance(rw, LearnedRewardBase):
+            _check_learned(cfg)
+            if rw.extra:
+                build_reward_fn(cfg.model_copy(update={"reward": _verifiable_stand_in(rw)}))
+        else:
+            build_reward_fn(cfg)
     except (ImportError, KeyError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise ConfigError(f"reward: {message}") from exc
 
 
-def _primary(cfg: RunConfig) -> RewardFunction:
+def build_eval_reward_fn(cfg: RunConfig) -> RewardFunction:
+    """What evaluations score with: a learned or remote reward's ``verifier`` when it names one
+    (true accuracy), else the training reward."""
     rw = cfg.reward
+    if isinstance(rw, LearnedRewardBase) and rw.verifier is not None:
+        return build_reward(rw.verifier)
+    return build_reward_fn(cfg)
+
+
+def _verifiable_stand_in(rw: LearnedRewardBase) -> Any:
+    from zbrl.config import ThinkAnswerTagsReward
+
+    return ThinkAnswerTagsReward(extra=rw.extra)
+
+
+def _check_learned(cfg: RunConfig) -> None:
+    """Pre-flight of a reward model, judge or service without loading a model: the model
+    resolves to a directory with weights; the HTTP service answers (``check_at_start``)."""
+    from zbrl.errors import RunError
+
+    rw = cfg.reward
+    if isinstance(rw, HttpReward):
+        if rw.check_at_start:
+            from zbrl.rewards.http import RemoteRewardError
+
+            reward = _http(rw)
+            try:
+                reward.check()
+            except RemoteRewardError as exc:
+                raise RunError(f"reward.url: {exc}") from None
+            finally:
+                reward.close()
+        return
+    from zbrl.models.sources import check_model_dir
+
+    assert isinstance(rw, (RewardModelReward, LlmJudgeReward))
+    check_model_dir(_learned_dir(cfg, rw.path, "reward.path"), field="reward.path", spec=rw.path)
+    if isinstance(rw, LlmJudgeReward):
+        from zbrl.rewards.llm_judge import check_template, verdict_parser
+
+        check_template(rw.template)
+        verdict_parser(rw.parser)
+
+
+def _learned_dir(cfg: RunConfig, spec: str, field: str) -> Any:
+    from zbrl.models.sources import resolve
+
+    return resolve(spec, cfg.logging.cache_dir, field=field, verbose=False)
+
+
+def _http(rw: HttpReward) -> Any:
+    from zbrl.rewards.http import RemoteHttpReward
+
+    return RemoteHttpReward(
+        rw.url,
+        batch_size=rw.batch_size,
+        max_concurrency=rw.max_concurrency,
+        timeout_s=rw.timeout_s,
+        retries=rw.retries,
+        backoff_s=rw.backoff_s,
+        headers=rw.headers,
+        failure_reward=rw.failure_reward,
+    )
+
+
+def reward_model_scorer(cfg: RunConfig, *, device: str = "cpu") -> Any:
+    """The configured reward model loaded in this process (a producer's, or a reward worker's)."""
+    from zbrl.rewards.reward_model import RewardModelScorer
+
+    rw = cfg.reward
+    assert isinstance(rw, RewardModelReward)
+    tokenizer = rw.tokenizer_path
+    return RewardModelScorer(
+        _learned_dir(cfg, rw.path, "reward.path"),
+        tokenizer_dir=_learned_dir(cfg, tokenizer, "reward.tokenizer_path") if tokenizer else None,
+        batch_size=rw.batch_size,
+        max_length=rw.max_length,
+        normalize=rw.normalize,
+        device=device,
+    )
+
+
+def _learned(cfg: RunConfig, scorer: Any) -> RewardFunction:
+    rw = cfg.reward
+    assert isinstance(rw, LearnedRewardBase)
+    verifier = build_reward(rw.verifier) if rw.verifier is not None else None
+    if isinstance(rw, HttpReward):
+        http = _http(rw)
+        if verifier is None:
+            return http
+        from zbrl.rewards.reward_model import ClassifierReward
+
+        return ClassifierReward(
+            _HttpScorer(http), timeout_s=rw.timeout_s + 1.0, failure_reward=rw.failure_reward,
+            verifier=verifier, label="http",
+        )  # fmt: skip
+    if isinstance(rw, RewardModelReward):
+        from zbrl.rewards.reward_model import ClassifierReward
+
+        return ClassifierReward(
+            scorer if scorer is not None else reward_model_scorer(cfg),
+            timeout_s=rw.timeout_s,
+            failure_reward=rw.failure_reward,
+            verifier=verifier,
+        )
+    assert isinstance(rw, LlmJudgeReward)
+    return _judge(cfg, rw, verifier)
+
+
+class _HttpScorer:
+    """An HTTP reward as a pair scorer (so a verifier can set its accuracy metrics)."""
+
+    def __init__(self, http: Any) -> None:
+        self.http = http
+
+    def score(self, prompts: list[Any], responses: list[str]) -> list[float]:
+        from zbrl.rewards.base import RewardContext
+
+        ctx = RewardContext(response_tokens=0, max_new_tokens=0)
+        examples = [{"messages": p} for p in prompts]
+        results = self.http.score_batch(responses, examples, [ctx] * len(responses))
+        if any(r.timed_out for r in results):
+            raise RuntimeError(results[0].metadata.get("reward_error", "service failed"))
+        return [r.reward for r in results]
+
+
+def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) -> RewardFunction:
+    import torch
+
+    from zbrl.assembly.models import load_policy, load_tokenizer
+    from zbrl.rewards.llm_judge import JudgeReward
+    from zbrl.rollout.backends.base import SamplingParams
+    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+    judge_dir = _learned_dir(cfg, rw.path, "reward.path")
+    tokenizer = load_tokenizer(cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"chat_template": None, "tokenizer_path": None})}), judge_dir)  # fmt: skip
+    backend = TransformersBackend(load_policy(cfg, judge_dir, torch.float32), tokenizer)
+    sampling = SamplingParams(
+        n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=rw.max_new_tokens,
+        stop_strings=(),
+    )  # fmt: skip
+    return JudgeReward(
+        backend, tokenizer, sampling, template=rw.template, parser=rw.parser,
+        batch_size=rw.batch_size, timeout_s=rw.timeout_s, failure_reward=rw.failure_reward,
+        verifier=verifier,
+    )  # fmt: skip
+
+
+def _primary(cfg: RunConfig, scorer: Any = None) -> RewardFunction:
+    rw = cfg.reward
+    if isinstance(rw, LearnedRewardBase):
+        return _learned(cfg, scorer)
     if isinstance(rw, UserReward):
         return build_user_reward(rw.type, rw.options, timeout_s=rw.timeout_s)
     shaping = length_shaping(cfg)
@@ -100,8 +263,12 @@ def length_shaping(cfg: RunConfig) -> LengthShaping | None:
 
 
 def _reward_class(cfg: RunConfig) -> Any:
-    """The built-in reward class of the configured variant (None for a user reward)."""
-    return None if isinstance(cfg.reward, UserReward) else lookup_reward(cfg.reward.type)
+    """The built-in reward class of the configured variant (None for a user reward); a learned
+    or remote reward's verifier's (None without one)."""
+    rw = cfg.reward
+    if isinstance(rw, LearnedRewardBase):
+        return lookup_reward(rw.verifier) if rw.verifier is not None else None
+    return None if isinstance(rw, UserReward) else lookup_reward(rw.type)
 
 
 def answer_spec(cfg: RunConfig) -> AnswerSpec:
@@ -109,6 +276,8 @@ def answer_spec(cfg: RunConfig) -> AnswerSpec:
     cls = _reward_class(cfg)
     if cls is not None:
         return cls.answer
+    if isinstance(cfg.reward, LearnedRewardBase):
+        return ANSWER_SPECS["gt_answer"]
     return ANSWER_SPECS[cfg.reward.answer_field]
 
 

@@ -130,6 +130,111 @@ class CodeReward(LengthShapingOptions):
     """Code sandbox limits."""
 
 
+Verifier = Literal["think_answer_tags", "boxed", "last_number"]
+"""A verifiable reward that a learned or remote reward may name for accuracy metrics."""
+
+
+class LearnedRewardBase(RewardBase):
+    """What the rewards that are not checked against an answer share (reward model, LLM judge,
+    HTTP service)."""
+
+    verifier: Verifier | None = None
+    """A verifiable reward (with its default options) that sets the accuracy metrics
+    (``format_acc``, ``ans_acc``) of training rollouts and scores every evaluation, so that
+    evaluations report true accuracy; the training reward stays this reward's score alone.
+    None: accuracy is this reward's score clipped to [0, 1], and evaluations use it too."""
+    failure_reward: float = 0.0
+    """Reward of a response this reward could not score (deadline missed, service or worker
+    failed, verdict not parsed); such responses are counted in ``reward_timeouts``."""
+
+
+class RewardModelReward(LearnedRewardBase):
+    """A sequence-classification model (``AutoModelForSequenceClassification``) that scores
+    (prompt, response), in batches, in the producer or on reward workers placed by Ray."""
+
+    type: Literal["reward_model"] = "reward_model"
+    """Reward discriminator."""
+    path: str
+    """The reward model: a local model directory, a ``.gguf`` file, a pulled model's name or a
+    Hugging Face Hub id (resolved as ``model.path`` is)."""
+    tokenizer_path: str | None = None
+    """Its tokenizer, when not in ``path``'s directory."""
+    batch_size: int = Field(default=16, ge=1)
+    """(prompt, response) pairs per forward pass."""
+    max_length: int = Field(default=512, ge=8)
+    """Longest tokenized pair; longer pairs keep their end (the response)."""
+    normalize: Literal["none", "sigmoid"] = "sigmoid"
+    """``sigmoid``: the reward is sigmoid(logit) in (0, 1) (one-logit models) or the
+    probability of the last label (several logits); ``none``: the raw last logit."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Deadline of scoring one batch of responses; past it the batch gets ``failure_reward``."""
+    workers: int = Field(default=0, ge=0)
+    """Reward-worker actors placed by Ray that the producers send their batches to; 0 scores
+    inside each producer's own process."""
+    worker_num_cpus: float = Field(default=1.0, ge=0)
+    """CPUs reserved by each reward worker."""
+    worker_num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs reserved by each reward worker (fractions share a GPU); the model goes on the GPU
+    when this is above 0."""
+
+
+class LlmJudgeReward(LearnedRewardBase):
+    """A generative judge: a causal LM asked, through a prompt template, to grade the response;
+    the verdict is parsed from its answer."""
+
+    type: Literal["llm_judge"] = "llm_judge"
+    """Reward discriminator."""
+    path: str
+    """The judge model (``embedded`` for the policy's own embedded model, or as ``model.path``)."""
+    template: str = (
+        "Grade the answer to the question. Question: {prompt}\nAnswer: {response}\n"
+        "Reply with a score between 0 and 1."
+    )
+    """The judge's user message; ``{prompt}``, ``{response}`` and ``{answer}`` (the row's
+    ``gt_answer``, empty when absent) are filled in."""
+    parser: str = "last_number"
+    """How the verdict is read: ``last_number`` (the last number in the judge's reply, which must
+    lie in [0, 1]) or a regular expression whose first group is that number."""
+    max_new_tokens: int = Field(default=32, ge=1)
+    """The judge's generation budget."""
+    batch_size: int = Field(default=8, ge=1)
+    """Responses judged per generate call."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Deadline of judging one batch of responses; past it the rest get ``failure_reward``."""
+
+
+class HttpReward(LearnedRewardBase):
+    """A remote reward service: batches of (prompt, response) POSTed as JSON to ``url``."""
+
+    type: Literal["http"] = "http"
+    """Reward discriminator."""
+    url: str
+    """The service's endpoint (``http://`` or ``https://``); it receives ``{"items": [{"prompt",
+    "response", "gt_answer", "fields"}, ...]}`` and answers ``{"rewards": [number, ...]}``."""
+    batch_size: int = Field(default=32, ge=1)
+    """Responses per request."""
+    max_concurrency: int = Field(default=4, ge=1)
+    """Requests in flight at once, per producer."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Deadline of scoring one batch of responses, retries included."""
+    retries: int = Field(default=3, ge=0)
+    """Retries of a failed request (connection error, HTTP 5xx or 429), within the deadline."""
+    backoff_s: float = Field(default=0.25, gt=0)
+    """First retry's wait; each further retry waits twice as long."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra request headers (e.g. an ``Authorization`` header)."""
+    check_at_start: bool = True
+    """Pre-flight: one request with an empty batch must succeed before the run starts (a clear
+    error naming the URL when the service is down)."""
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
+
 class UserReward(RewardBase):
     """A user reward ``fn(response, example, ctx, **options)`` (or a reward class) by import
     path."""
@@ -153,7 +258,10 @@ RewardConfig = plugin_union(
     LastNumberReward,
     ReasoningGymReward,
     CodeReward,
+    RewardModelReward,
+    LlmJudgeReward,
+    HttpReward,
     UserReward,
 )
 """The primary reward: ``think_answer_tags``, ``boxed``, ``last_number``, ``reasoning_gym``,
-``code`` or ``package.module:function``."""
+``code``, ``reward_model``, ``llm_judge``, ``http`` or ``package.module:function``."""

@@ -36,6 +36,8 @@ REWARDS: Registry[Callable[..., RewardFunction]] = Registry("reward")
 
 LAZY_REWARDS: dict[str, str] = {
     "code": "zbrl.rewards.code",
+    "http": "zbrl.rewards.http",
+    "reward_model": "zbrl.rewards.reward_model",
     "last_number": "zbrl.rewards.last_number",
     "reasoning_gym": "zbrl.rewards.reasoning_gym",
 }

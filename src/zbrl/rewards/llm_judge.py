@@ -1,0 +1,199 @@
+"""LLM-as-judge: a causal LM grades each response through a prompt template; the verdict (a
+number in [0, 1]) is parsed from its reply.
+
+The judge generates greedily through any zbrl inference backend (``generate(prompt_ids,
+SamplingParams)``: transformers, vLLM). A reply with no verdict in [0, 1] scores
+``failure_reward`` and is counted in :attr:`JudgeReward.parse_failures`; a batch the backend fails
+on or that misses the deadline scores ``failure_reward`` too, counted in
+:attr:`JudgeReward.failures`. Both are marked ``timed_out`` (the producer's ``reward_timeouts``
+metric) and logged; neither stops the producer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardContext,
+    RewardFunction,
+    RewardResult,
+    check_batch_lengths,
+)
+from zbrl.rewards.extraction import last_number
+
+logger = logging.getLogger(__name__)
+
+TEMPLATE_FIELDS = ("prompt", "response", "answer")
+
+
+def verdict_parser(spec: str) -> Callable[[str], float | None]:
+    """``last_number``: the reply's last number; otherwise a regular expression whose first group
+    (or whole match) is the number. The parser returns None unless the number lies in [0, 1]."""
+    if spec == "last_number":
+        pattern = None
+    else:
+        try:
+            pattern = re.compile(spec, re.DOTALL)
+        except re.error as exc:
+            raise ValueError(
+                f"llm_judge parser {spec!r} is not a regular expression: {exc}"
+            ) from None
+
+    def parse(reply: str) -> float | None:
+        if pattern is None:
+            text = last_number(reply)
+        else:
+            matches = list(pattern.finditer(reply))
+            text = (
+                (matches[-1].group(1) if pattern.groups else matches[-1].group(0))
+                if matches
+                else None
+            )
+        try:
+            value = float(text) if text is not None else None
+        except ValueError:
+            return None
+        return value if value is not None and 0.0 <= value <= 1.0 else None
+
+    return parse
+
+
+def check_template(template: str) -> None:
+    """A ValueError naming the unknown placeholder when ``template`` uses one."""
+    try:
+        template.format(**dict.fromkeys(TEMPLATE_FIELDS, ""))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"llm_judge template: {exc!r}; it may use only {{prompt}}, {{response}} and "
+            f"{{answer}} (write {{{{ and }}}} for literal braces)"
+        ) from None
+
+
+class JudgeReward(BaseReward):
+    """Scores responses with a generative judge (see the module docstring).
+
+    ``backend``: an inference backend; ``tokenizer``: the judge's (its chat template renders the
+    judge's user message); ``sampling``: the backend's SamplingParams for the verdict (greedy).
+    """
+
+    name = "llm_judge"
+
+    def __init__(
+        self,
+        backend: Any,
+        tokenizer: Any,
+        sampling: Any,
+        *,
+        template: str,
+        parser: str = "last_number",
+        batch_size: int = 8,
+        timeout_s: float = 60.0,
+        failure_reward: float = 0.0,
+        verifier: RewardFunction | None = None,
+    ) -> None:
+        check_template(template)
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.template = template
+        self.parse = verdict_parser(parser)
+        self.batch_size = batch_size
+        self.timeout_s = timeout_s
+        self.failure_reward = failure_reward
+        self.verifier = verifier
+        self.failures = 0
+        """Batches the judge failed on or did not finish within the deadline."""
+        self.parse_failures = 0
+        """Replies without a verdict in [0, 1]."""
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="llm-judge")
+
+    def judge_prompt(self, response: str, example: Example) -> list[int]:
+        """The judge's prompt ids for one response."""
+        messages = example.get("messages", [])
+        question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        answer = example.get("gt_answer")
+        text = self.template.format(
+            prompt=question, response=response, answer=answer if isinstance(answer, str) else ""
+        )
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+            return_dict=False,
+        )  # fmt: skip
+
+    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
+        return self.score_batch([response], [example], [ctx])[0]
+
+    def score_batch(
+        self,
+        responses: Sequence[str],
+        examples: Sequence[Example],
+        contexts: Sequence[RewardContext],
+    ) -> list[RewardResult]:
+        check_batch_lengths(responses, examples, contexts)
+        if not responses:
+            return []
+        prompts = [self.judge_prompt(r, e) for r, e in zip(responses, examples)]
+        replies = self._replies(prompts)
+        checked = (
+            self.verifier.score_batch(responses, examples, contexts) if self.verifier else None
+        )
+        results = []
+        for i, reply in enumerate(replies):
+            verdict = self.parse(reply) if reply is not None else None
+            fmt, acc, parsed = (
+                (checked[i].format_acc, checked[i].ans_acc, checked[i].parsed)
+                if checked
+                else (1.0, verdict if verdict is not None else 0.0, None)
+            )
+            if verdict is None:
+                if reply is not None:
+                    self.parse_failures += 1
+                    logger.warning(
+                        "llm_judge: no verdict in [0, 1] in the judge's reply %r; scored %g "
+                        "(%d unparsed so far)", reply[:120], self.failure_reward,
+                        self.parse_failures,
+                    )  # fmt: skip
+                reason = "no verdict" if reply is not None else "judge failed"
+                results.append(
+                    RewardResult(
+                        self.failure_reward, fmt if checked else 0.0, acc if checked else 0.0,
+                        metadata={"reward_error": reason, "judge_reply": reply}, timed_out=True,
+                    )
+                )  # fmt: skip
+            else:
+                results.append(
+                    RewardResult(verdict, fmt, acc, parsed=parsed, metadata={"judge_reply": reply})
+                )
+        return results
+
+    def _replies(self, prompts: list[list[int]]) -> list[str | None]:
+        """The judge's reply per prompt; None for each prompt of a batch that failed."""
+        future = self._pool.submit(self._generate, prompts)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            reason = f"no verdicts within {self.timeout_s} s (reward.timeout_s)"
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="llm-judge")
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        self.failures += 1
+        logger.warning(
+            "llm_judge: %d response(s) scored %g as failed: %s (%d failed batch(es) so far)",
+            len(prompts), self.failure_reward, reason, self.failures,
+        )  # fmt: skip
+        return [None] * len(prompts)
+
+    def _generate(self, prompts: list[list[int]]) -> list[str]:
+        replies: list[str] = []
+        for start in range(0, len(prompts), self.batch_size):
+            outputs = self.backend.generate(prompts[start : start + self.batch_size], self.sampling)
+            replies += [completions[0].text for completions in outputs]
+        return replies

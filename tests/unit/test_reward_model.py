@@ -1,0 +1,138 @@
+"""Reward models: the scorer against one-by-one scoring, the reward's deadline and failure paths,
+and the config path (primary reward, extra reward, evaluation reward)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from zbrl.rewards.base import RewardContext
+from zbrl.rewards.reward_model import ClassifierReward, RewardModelScorer, render_pair
+
+CTX = RewardContext(response_tokens=3, max_new_tokens=8)
+PROMPT = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tmp_path_factory):
+    from zbrl.models.reward_model import build_tiny_reward_model, save_reward_model
+    from zbrl.models.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_tiny_reward_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)
+    return save_reward_model(model, tokenizer, tmp_path_factory.mktemp("rm") / "rm")
+
+
+def test_batched_scores_equal_one_by_one_scores(rm_dir):
+    raw = RewardModelScorer(rm_dir, batch_size=3, normalize="none")
+    responses = ["5", "<think>2+3</think><answer>5</answer>", "six", "", "12345678"]
+    batched = raw.score([PROMPT] * 5, responses)
+    single = [raw.score([PROMPT], [r])[0] for r in responses]
+    assert batched == pytest.approx(single, abs=1e-5)  # right padding does not move the score
+    assert len(set(round(s, 5) for s in batched)) > 1
+    probs = RewardModelScorer(rm_dir, batch_size=2).score([PROMPT] * 5, responses)
+    assert probs == pytest.approx([1 / (1 + math.exp(-s)) for s in batched], abs=1e-5)
+
+
+def test_render_pair_puts_the_response_in_the_assistant_turn(rm_dir):
+    from transformers import AutoTokenizer
+
+    text = render_pair(AutoTokenizer.from_pretrained(rm_dir), PROMPT, "RESPONSE-X")
+    assert text.index("What is 2+3?") < text.index("RESPONSE-X")
+
+    class Plain:
+        chat_template = None
+
+    assert render_pair(Plain(), PROMPT, "7") == "user: What is 2+3?\nassistant: 7"
+
+
+class FixedScorer:
+    def __init__(self, scores=None, delay_s=0.0, error=None):
+        self.scores, self.delay_s, self.error, self.calls = scores, delay_s, error, []
+
+    def score(self, prompts, responses):
+        self.calls.append((prompts, responses))
+        time.sleep(self.delay_s)
+        if self.error:
+            raise self.error
+        return self.scores[: len(responses)]
+
+
+def _examples(n):
+    return [{"messages": PROMPT, "gt_answer": "5"}] * n
+
+
+def test_reward_is_the_score_sent_in_one_batch():
+    scorer = FixedScorer([0.25, 0.75, 2.0])
+    reward = ClassifierReward(scorer)
+    results = reward.score_batch(["a", "b", "c"], _examples(3), [CTX] * 3)
+    assert [r.reward for r in results] == [0.25, 0.75, 2.0]
+    assert [r.ans_acc for r in results] == [0.25, 0.75, 1.0]
+    assert len(scorer.calls) == 1 and scorer.calls[0] == ([PROMPT] * 3, ["a", "b", "c"])
+
+
+def test_a_verifier_sets_accuracy_but_not_the_reward():
+    from zbrl.rewards.registry import build_reward
+
+    reward = ClassifierReward(FixedScorer([0.1, 0.9]), verifier=build_reward("think_answer_tags"))
+    right = "<think>2+3</think><answer>5</answer>"
+    results = reward.score_batch([right, "<think></think><answer>4</answer>"], _examples(2),
+                                 [CTX] * 2)  # fmt: skip
+    assert [r.reward for r in results] == [0.1, 0.9]
+    assert [r.ans_acc for r in results] == [1.0, 0.0]
+
+
+def test_failures_and_deadlines_are_counted_not_raised():
+    broken = ClassifierReward(FixedScorer(error=RuntimeError("worker died")), failure_reward=-1.0)
+    results = broken.score_batch(["a", "b"], _examples(2), [CTX] * 2)
+    assert [r.reward for r in results] == [-1.0, -1.0] and all(r.timed_out for r in results)
+    assert "worker died" in results[0].metadata["reward_error"] and broken.failures == 1
+
+    slow = ClassifierReward(FixedScorer([0.5], delay_s=0.5), timeout_s=0.05)
+    start = time.monotonic()
+    (late,) = slow.score_batch(["a"], _examples(1), [CTX])
+    assert time.monotonic() - start < 0.4
+    assert late.timed_out and "within 0.05 s" in late.metadata["reward_error"]
+
+    wrong = ClassifierReward(FixedScorer([float("nan")]))
+    assert wrong.score("a", _examples(1)[0], CTX).timed_out
+
+
+def test_config_builds_primary_extra_and_eval_rewards(rm_dir):
+    from zbrl.assembly.rewards import build_eval_reward_fn, build_reward_fn, check_reward
+    from zbrl.config import ConfigError, RunConfig
+    from zbrl.rewards.combine import CombinedReward
+    from zbrl.rewards.think_answer import ThinkAnswerReward
+
+    cfg = RunConfig.model_validate(
+        {"reward": {"type": "reward_model", "path": str(rm_dir), "verifier": "think_answer_tags",
+                    "batch_size": 2}}
+    )  # fmt: skip
+    check_reward(cfg)
+    reward = build_reward_fn(cfg)
+    assert isinstance(reward, ClassifierReward) and reward.scorer.batch_size == 2
+    assert isinstance(build_eval_reward_fn(cfg), ThinkAnswerReward)
+    (result,) = reward.score_batch(["<think></think><answer>5</answer>"], _examples(1), [CTX])
+    assert 0 < result.reward < 1 and result.ans_acc == 1.0
+
+    mixed = RunConfig.model_validate(
+        {"reward": {"type": "think_answer_tags",
+                    "extra": [{"type": "reward_model", "weight": 0.5,
+                               "options": {"path": str(rm_dir)}}]}}
+    )  # fmt: skip
+    combined = build_reward_fn(mixed)
+    assert isinstance(combined, CombinedReward)
+    (r,) = combined.score_batch(["<think></think><answer>5</answer>"], _examples(1), [CTX])
+    rm_score = r.metadata["component_rewards"]["reward_model"]
+    assert r.reward == pytest.approx(1.0 + 0.5 * rm_score)
+
+    missing = RunConfig.model_validate({"reward": {"type": "reward_model", "path": "/nope/rm"}})
+    with pytest.raises(Exception, match=r"reward\.path='/nope/rm' does not exist"):
+        check_reward(missing)
+    with pytest.raises(ConfigError, match="cannot take options"):
+        check_reward(RunConfig.model_validate(
+            {"reward": {"type": "think_answer_tags",
+                        "extra": [{"type": "reward_model", "options": {"pth": "x"}}]}}
+        ))  # fmt: skip
