@@ -71,6 +71,13 @@ def check_backend_installed(cfg: RunConfig) -> None:
             f"rollout.backend.type=vllm, but vLLM is not installed in this environment "
             f"({sys.executable}): {INSTALL_HINT}"
         )
+    from zbrl.models import lora
+
+    if cfg.model.lora is not None and not lora.peft_available():
+        raise RunError(
+            f"model.lora is set, but peft is not installed in this environment "
+            f"({sys.executable}): {lora.INSTALL_HINT}"
+        )
 
 
 def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
@@ -90,11 +97,24 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
             trust_remote_code=cfg.model.trust_remote_code,
         )
         return VllmBackend(model_dir, tokenizer_dir, settings)
+    from zbrl.models import lora
     from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
     tokenizer = load_tokenizer(cfg, tokenizer_dir)
-    model = load_policy(cfg, model_dir, compute_dtype(cfg))
-    return TransformersBackend(model, tokenizer, device=device_of(cfg))
+    adapter_dir = model_dir if lora.is_adapter_dir(model_dir) else None
+    base_dir = lora.base_dir_of(adapter_dir) if adapter_dir else model_dir
+    model = load_policy(cfg, base_dir, compute_dtype(cfg))
+    merger = None
+    if adapter_dir is not None or cfg.model.lora is not None:
+        if adapter_dir is not None:
+            scale = lora.scale_of(adapter_dir)
+        else:
+            scale = cfg.model.lora.alpha / cfg.model.lora.rank
+        merger = lora.AdapterMerger(model, scale)
+    backend = TransformersBackend(model, tokenizer, device=device_of(cfg), merger=merger)
+    if adapter_dir is not None:  # a LoRA checkpoint: its adapters merged into the base
+        backend.load_weights(lora.load_adapter_tensors(adapter_dir))
+    return backend
 
 
 def build_engine(
@@ -104,15 +124,16 @@ def build_engine(
     master weights; the engine computes in :func:`compute_dtype`), a frozen reference in the
     compute dtype when ``beta > 0`` (from ``reference_dir``, by default the same), AdamW and the
     LR schedule over ``total_steps`` train steps. ``ddp`` and ``fsdp2`` need this process to be
-    in the consumers' group already (:func:`zbrl.training.distributed.join_group`)."""
-    from zbrl.training.engine.precision import MASTER_DTYPE
-    from zbrl.training.engine.single import SingleProcessEngine
+    in the consumers' group already (:func:`zbrl.training.distributed.join_group`).
+
+    With ``model.lora`` the policy is the base with peft adapters (only they are trained and
+    published); ``model_dir`` may then be a LoRA checkpoint, whose adapters are loaded onto the
+    base it names."""
+    from zbrl.training.engine.single import SingleProcessEngine, trainable_parameters
 
     device = device_of(cfg)
     dtype = compute_dtype(cfg)
-    policy = load_policy(cfg, model_dir, MASTER_DTYPE).to(device)
-    if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+    policy = load_trained_policy(cfg, model_dir).to(device)
     reference = None
     if cfg.algorithm.beta > 0:
         reference = load_policy(cfg, reference_dir or model_dir, dtype).to(device).eval()
@@ -136,7 +157,7 @@ def build_engine(
             reshard_after_forward=engine.reshard_after_forward,
             compute_dtype=dtype,
         )
-    optimizer, scheduler = make_optimizer(policy.parameters())
+    optimizer, scheduler = make_optimizer(trainable_parameters(policy))
     critic, critic_optimizer = build_critic(cfg, model_dir, device)
     return SingleProcessEngine(
         policy,
@@ -148,6 +169,33 @@ def build_engine(
         device=device,
         compute_dtype=dtype,
     )
+
+
+def load_trained_policy(cfg: RunConfig, model_dir: Path):
+    """The policy to train, float32 (the master weights): the model in ``model_dir``, or with
+    ``model.lora`` its base with adapters (fresh, or those of the LoRA checkpoint ``model_dir``)
+    and every base weight frozen."""
+    from zbrl.models import lora
+    from zbrl.training.engine.precision import MASTER_DTYPE
+
+    adapter_dir = model_dir if lora.is_adapter_dir(model_dir) else None
+    if adapter_dir is not None and cfg.model.lora is None:
+        raise RunError(
+            f"{model_dir} is a LoRA checkpoint (it holds adapters only), but model.lora is not "
+            "set; resume it with the model.lora settings it was trained with"
+        )
+    base_dir = lora.base_dir_of(adapter_dir) if adapter_dir else model_dir
+    policy = load_policy(cfg, base_dir, MASTER_DTYPE)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        if cfg.model.lora is not None:
+            policy.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need it
+    if cfg.model.lora is None:
+        return policy
+    policy = lora.wrap(policy, cfg.model.lora)
+    if adapter_dir is not None:
+        lora.load_adapter_state(policy, lora.load_adapter_tensors(adapter_dir))
+    return policy
 
 
 def build_critic(cfg: RunConfig, model_dir: Path, device: torch.device):

@@ -196,6 +196,30 @@ def check_engine(cfg: RunSections) -> None:
         )
 
 
+def check_lora(cfg: RunSections) -> None:
+    """LoRA runs where its adapter-only weight sync and checkpoints are implemented."""
+    if cfg.model.lora is None:
+        return
+    if cfg.rollout.backend.type == "vllm":
+        raise ValueError(
+            "model.lora with rollout.backend.type=vllm: zbrl sends LoRA adapters only to the "
+            "transformers backend, which merges them into its base; set "
+            "rollout.backend=transformers, or remove model.lora to train (and send) full weights"
+        )
+    if cfg.training.engine.type == "fsdp2":
+        raise ValueError(
+            "model.lora with training.engine=fsdp2 is not supported (the adapters and their "
+            "optimizer state are small: sharding saves little); set training.engine=ddp for "
+            "several consumers, or remove model.lora"
+        )
+    if cfg.algorithm.critic is not None:
+        raise ValueError(
+            "model.lora with algorithm.critic: the value model would be trained in full; "
+            "remove model.lora, or use a critic-free estimator such as "
+            "algorithm.advantage=grpo"
+        )
+
+
 def check_staleness_buffer(cfg: RunSections) -> None:
     cap = cfg.transport.buffer_capacity
     if cap is not None and cap < cfg.training.train_batch_size:
@@ -383,6 +407,7 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_length_shaping,
     check_topology,
     check_engine,
+    check_lora,
     check_vllm_lengths,
     check_vllm_evaluator,
     check_staleness_buffer,

@@ -34,6 +34,29 @@ class WarmStartConfig(Section):
     """Examples per warm-start step."""
 
 
+LLAMA_LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Llama/Qwen/Mistral-type decoder block: LoRA's default targets."""
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft) trained on a frozen base: only the adapter weights are trained,
+    published and checkpointed (docs/scaling.md, LoRA)."""
+
+    rank: int = Field(default=16, ge=1)
+    """Rank ``r`` of each adapter (``A`` is ``r x in``, ``B`` is ``out x r``)."""
+    alpha: float = Field(default=32.0, gt=0)
+    """Scale numerator: the adapter's update is ``(alpha / rank) * B @ A``."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during training (0: none, so training and the merged
+    inference weights compute the same function)."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LLAMA_LINEAR_LAYERS), min_length=1
+    )
+    """Names (last component) of the ``nn.Linear`` modules that get adapters; the default is
+    every linear layer of a Llama/Qwen-type block (attention and MLP). Embeddings and the head
+    are not supported (they stay frozen)."""
+
+
 class ModelConfig(Section):
     """The policy: a Hugging Face model directory, or the embedded tiny model."""
 
@@ -60,6 +83,11 @@ class ModelConfig(Section):
     """Allow custom modelling code shipped in the model directory."""
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     """Warm start of the embedded model (cached in ``logging.cache_dir``)."""
+    lora: LoraConfig | None = None
+    """LoRA adapters on a frozen base (needs the ``lora`` extra: peft); None trains every
+    weight. Only the adapters travel to producers and the evaluator (merged into their base on
+    the transformers backend) and only they are checkpointed. Not with
+    ``rollout.backend=vllm``, ``training.engine=fsdp2`` or ``algorithm.critic``."""
 
     @field_validator("dtype")
     @classmethod

@@ -376,6 +376,7 @@ def build_summary(
         "overlap": figures.as_dict() if figures else None,
         "weight_sync_latency_p50_s": percentile(latencies, 50) if latencies else None,
         "weight_sync_latency_p95_s": percentile(latencies, 95) if latencies else None,
+        "weight_sync_bytes_per_version": _weight_sync_bytes(monitor),
         "samples_trained": int(buffer_stats["samples_trained"]),
         "samples_generated": int(buffer_stats["samples_generated"]),
         "sample_utilization": buffer_stats["sample_utilization"],
@@ -386,6 +387,25 @@ def build_summary(
         "eval_initial": initial,
         "eval_final": final,
     }
+
+
+def _weight_sync_bytes(monitor: RunMonitor) -> int | None:
+    """Bytes of one published weight version (the median over this segment's publishes; with
+    ``model.lora``, the adapters'), from the ``publish_weights`` spans; None before any."""
+    from zbrl.telemetry.spans import PUBLISH_WEIGHTS
+    from zbrl.telemetry.timeline import read_timeline
+
+    try:
+        spans = read_timeline(monitor.run_dir)
+    except FileNotFoundError:
+        return None
+    since = monitor.window_start or 0.0
+    sizes = [
+        int(s.attrs["bytes"])
+        for s in spans
+        if s.name == PUBLISH_WEIGHTS and "bytes" in s.attrs and s.end >= since
+    ]
+    return int(percentile(sizes, 50)) if sizes else None
 
 
 def shutdown(workers: Workers | None, started_ray: bool) -> None:

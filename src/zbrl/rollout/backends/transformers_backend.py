@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zbrl.models.kv_cache import cache_argument, left_pad, left_padded_positions, output_cache
 from zbrl.rollout.backends.base import Completion, SamplingParams
+
+if TYPE_CHECKING:
+    from zbrl.models.lora import AdapterMerger
 
 
 class TransformersBackend:
@@ -18,6 +22,9 @@ class TransformersBackend:
 
     A sequence's response ends at its first EOS (included) or, when a stop string ended it, where
     ``generate`` started padding it; tokens after that are dropped, never padded into the rollout.
+
+    With a ``merger`` (LoRA runs, :class:`zbrl.models.lora.AdapterMerger`) the weights it is sent
+    are adapters, merged into the model from an unmerged copy of its base.
     """
 
     def __init__(
@@ -26,8 +33,10 @@ class TransformersBackend:
         tokenizer: PreTrainedTokenizerBase,
         *,
         device: str | torch.device = "cpu",
+        merger: AdapterMerger | None = None,
     ) -> None:
         self.model = model.to(device).eval()
+        self.merger = merger
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         eos = model.generation_config.eos_token_id
@@ -101,7 +110,10 @@ class TransformersBackend:
         return input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(dict(named_tensors), strict=True)
+        if self.merger is not None:
+            self.merger.apply(named_tensors)
+        else:
+            self.model.load_state_dict(dict(named_tensors), strict=True)
 
     def release_memory(self) -> None:
         if self.device.type == "cuda":

@@ -16,7 +16,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
-from zbrl.training.engine.single import cpu_snapshot
+from zbrl.training.engine.single import (
+    cpu_snapshot,
+    load_trained_weights,
+    trainable_parameters,
+    trained_weights,
+)
 from zbrl.training.model_inputs import ModelInputs
 
 OptimizerFactory = Callable[
@@ -54,7 +59,7 @@ class DdpEngine(RankedEngine):
         ids = [self.device.index or 0] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(policy, device_ids=ids)
         self.reference = reference
-        self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
+        self.optimizer, self.scheduler = optimizer_factory(trainable_parameters(policy))
         self.optimizer_steps = 0
 
     def zero_grad(self) -> None:
@@ -80,7 +85,7 @@ class DdpEngine(RankedEngine):
         return float(grad_norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.policy.state_dict() if self.rank == 0 else {}
+        return trained_weights(self.policy) if self.rank == 0 else {}
 
     def save_pretrained(self, directory: Path) -> None:
         if self.rank == 0:
@@ -90,7 +95,7 @@ class DdpEngine(RankedEngine):
         """The same on every rank (replicas): policy, optimizer, scheduler, step count."""
         return cpu_snapshot(
             {
-                "policy": self.policy.state_dict(),
+                "policy": trained_weights(self.policy),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "optimizer_steps": self.optimizer_steps,
@@ -101,7 +106,7 @@ class DdpEngine(RankedEngine):
         """Load on every rank (each rank passes the same state, e.g. rank 0's); ``policy`` may be
         left out when every rank was built from the same checkpoint's weights."""
         if "policy" in state:
-            self.policy.load_state_dict(state["policy"])
+            load_trained_weights(self.policy, state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]

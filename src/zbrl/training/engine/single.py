@@ -118,14 +118,14 @@ class SingleProcessEngine:
         return float(grad_norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.policy.state_dict()
+        return trained_weights(self.policy)
 
     def save_pretrained(self, directory: Path) -> None:
         self.policy.save_pretrained(directory, safe_serialization=True)
 
     def state_dict(self) -> dict[str, Any]:
         state = {
-            "policy": self.policy.state_dict(),
+            "policy": trained_weights(self.policy),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "optimizer_steps": self.optimizer_steps,
@@ -142,13 +142,44 @@ class SingleProcessEngine:
                 "value model, the other not); resume with the same algorithm.critic setting"
             )
         if "policy" in state:  # absent when the policy was loaded from the same checkpoint
-            self.policy.load_state_dict(state["policy"])
+            load_trained_weights(self.policy, state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = state["optimizer_steps"]
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a peft model (``model.lora``): only its adapters are trained."""
+    return getattr(model, "peft_config", None) is not None and hasattr(model, "base_model")
+
+
+def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What weight sync publishes and the engine state holds: every weight by ``state_dict``
+    name, or, for a LoRA model, its adapter tensors only (peft's names; see
+    :mod:`zbrl.models.lora`). Shares storage with the model."""
+    if is_lora(model):
+        from zbrl.models.lora import adapter_state
+
+        return adapter_state(model)
+    return model.state_dict()
+
+
+def load_trained_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load :func:`trained_weights` of the same kind of model back (strict)."""
+    if is_lora(model):
+        from zbrl.models.lora import load_adapter_state
+
+        load_adapter_state(model, state)
+    else:
+        model.load_state_dict(state)
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer updates (all of them, or a LoRA model's adapters)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def cpu_snapshot(obj: Any) -> Any:

@@ -363,7 +363,12 @@ class BroadcastPublisher(BackgroundSender):
         group.send_flat(staged.flat, staged.layout)
         if self._recorder is not None:
             self._recorder.record(
-                PUBLISH_WEIGHTS, start, time.time(), thread="weights", version=staged.version
+                PUBLISH_WEIGHTS,
+                start,
+                time.time(),
+                thread="weights",
+                version=staged.version,
+                bytes=staged.layout.total_bytes,
             )
 
     def _end(self, group: Collective) -> None:

@@ -41,6 +41,11 @@ def _cpu_copy(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return cast if cast.device.type == "cpu" else cast.to("cpu")
 
 
+def payload_bytes(named_tensors: NamedTensors) -> int:
+    """Bytes of one version's tensors (what the ``publish_weights`` span's ``bytes`` says)."""
+    return sum(t.numel() * t.element_size() for t in named_tensors.values())
+
+
 class ObjectStorePublisher(BackgroundSender):
     """Consumer side: copy to staging on the calling thread (floating-point tensors cast to
     ``dtype``, the receivers' inference dtype, when given), send from a background thread.
@@ -97,7 +102,12 @@ class ObjectStorePublisher(BackgroundSender):
         self._store.announce(WeightsMessage(version, staged_at, payload))
         if self._recorder is not None:
             self._recorder.record(
-                PUBLISH_WEIGHTS, start, time.time(), thread="weights", version=version
+                PUBLISH_WEIGHTS,
+                start,
+                time.time(),
+                thread="weights",
+                version=version,
+                bytes=payload_bytes(staged),
             )
 
 
