@@ -1,5 +1,6 @@
 """LoRA on two DDP ranks (spawned, gloo on 127.0.0.1) trains exactly like one process: the same
-adapter gradients and adapter weights after the step, the frozen base without gradients."""
+adapter gradients and adapter weights after the step, the frozen base without gradients (in
+the slow tier)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 from zbrl.testing.data_parallel import Case, run_case, run_distributed
 
 pytest.importorskip("peft")
-pytestmark = pytest.mark.multiprocess
+# two spawned ranks cost ~15 s idle, ~50 s at load 10: the slow tier (make test-slow)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 LORA = Case(
     "lora",
