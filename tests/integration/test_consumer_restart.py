@@ -23,9 +23,9 @@ def consumer_pids(root: int) -> list[int]:
     return sorted(p for p in descendants(root) if process_name(p).startswith("ray::ConsumerWorker"))
 
 
-def run_and_kill_a_consumer(tmp_path: Path, steps: int, kill_at: int, *extra: str):
+def run_and_kill_a_consumer(tmp_path: Path, run_cache: Path, steps: int, kill_at: int, *extra: str):
     run_dir = tmp_path / "run"
-    args = [*tiny_run(run_dir, tmp_path / "cache", steps, 1), "logging.save_interval=5", *extra]
+    args = [*tiny_run(run_dir, run_cache, steps, 1), "logging.save_interval=5", *extra]
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, kill_at)
@@ -54,17 +54,19 @@ def check_the_run_went_on(run_dir: Path, err: str, steps: int) -> None:
     assert [m["step"] for m in metrics if "train_reward" in m] == list(range(1, steps + 1))
 
 
-def test_a_killed_consumer_is_restarted_from_the_checkpoint_and_the_run_goes_on(tmp_path):
-    run_dir, err = run_and_kill_a_consumer(tmp_path, steps=20, kill_at=8)
+def test_a_killed_consumer_is_restarted_from_the_checkpoint_and_the_run_goes_on(
+    tmp_path, run_cache
+):
+    run_dir, err = run_and_kill_a_consumer(tmp_path, run_cache, steps=20, kill_at=8)
     check_the_run_went_on(run_dir, err, steps=20)
 
 
-def test_a_killed_data_parallel_rank_restarts_the_whole_gang(tmp_path):
+def test_a_killed_data_parallel_rank_restarts_the_whole_gang(tmp_path, run_cache):
     dp = [
         "launch.num_consumers=2",
         "training.engine=ddp",
         "launch.producer_num_cpus=0.5",
         "launch.consumer_num_cpus=0.5",
     ]
-    run_dir, err = run_and_kill_a_consumer(tmp_path, 14, 7, *dp)
+    run_dir, err = run_and_kill_a_consumer(tmp_path, run_cache, 14, 7, *dp)
     check_the_run_went_on(run_dir, err, steps=14)

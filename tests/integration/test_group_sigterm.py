@@ -32,9 +32,9 @@ def survivors(pids: set[int], within_s: float) -> dict[int, str]:
         time.sleep(0.25)
 
 
-def test_sigterm_to_the_process_group_ends_with_a_resumable_checkpoint(tmp_path):
+def test_sigterm_to_the_process_group_ends_with_a_resumable_checkpoint(tmp_path, run_cache):
     run_dir = tmp_path / "run"
-    args = [*tiny_run(run_dir, tmp_path / "cache", 100000, 1), "launch.stop_grace_s=45"]
+    args = [*tiny_run(run_dir, run_cache, 100000, 1), "launch.stop_grace_s=45"]
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 3)

@@ -24,13 +24,12 @@ def run_args(run_dir: Path, cache: Path) -> list[str]:
     return ["train", str(DEMO), *tiny_run(run_dir, cache, STEPS, 1), *NO_DROPS]
 
 
-def test_stopped_and_resumed_at_staleness_1_trains_the_uninterrupted_stream(tmp_path):
-    cache = tmp_path / "cache"
+def test_stopped_and_resumed_at_staleness_1_trains_the_uninterrupted_stream(tmp_path, run_cache):
     straight, broken = tmp_path / "straight", tmp_path / "broken"
-    code, err = finish(*start(tmp_path, "straight", *run_args(straight, cache)))
+    code, err = finish(*start(tmp_path, "straight", *run_args(straight, run_cache)))
     assert code == 0, err[-3000:]
 
-    proc, stderr = start(tmp_path, "broken", *run_args(broken, cache))
+    proc, stderr = start(tmp_path, "broken", *run_args(broken, run_cache))
     try:
         wait_for_steps(proc, stderr, broken, 5)
         os.kill(proc.pid, signal.SIGTERM)

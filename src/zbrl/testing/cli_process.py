@@ -11,19 +11,21 @@ import time
 from pathlib import Path
 
 from zbrl.testing.procs import kill_tree
+from zbrl.testing.runs import WARM_START_STEPS
 
 BOUND_S = 300.0
 """Longest wait for any one thing (a run's start, its steps, its end)."""
 
 
 def tiny_run(run_dir: Path, cache_dir: Path, steps: int, staleness: int) -> list[str]:
-    """Overrides of the demo recipe for a run of a few seconds a step on 2 cores."""
+    """Overrides of the demo recipe for a run of a fraction of a second a step on 2 cores
+    (``cache_dir``: the tests' shared ``run_cache``, whose warm start they all reuse)."""
     return [
         f"logging.run_dir={run_dir}",
         f"logging.cache_dir={cache_dir}",
         "logging.progress=false",
         "logging.save_interval=0",
-        "model.warm_start.steps=5",
+        f"model.warm_start.steps={WARM_START_STEPS}",
         "data.synthetic.num_train=64",
         "data.num_epochs=100",
         "rollout.generation.max_new_tokens=8",
