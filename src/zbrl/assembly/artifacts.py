@@ -31,6 +31,10 @@ def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
     if uses_task:
         task_train, task_eval = _embedded_task(cfg, cache)
     model_dir = _model_dir(cfg, cache, verbose)
+    if _embedded_reward_model(cfg):  # trained on the warm-started policy's answers, cached
+        from zbrl.assembly.rewards import embedded_reward_model
+
+        embedded_reward_model(cfg, verbose=verbose)
     tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
     train, evals = dataset_refs(cfg, task_train, task_eval)
     return Artifacts(model_dir, tokenizer_dir, train, evals)
@@ -49,6 +53,15 @@ def _embedded_task(cfg: RunConfig, cache: Path) -> tuple[Path, Path]:
     if not (train.is_file() and held_out.is_file()):
         write_task(directory, n_train=s.num_train, n_eval=s.num_eval, seed=s.seed)
     return train, held_out
+
+
+def _embedded_reward_model(cfg: RunConfig) -> bool:
+    return cfg.reward.type == "reward_model" and getattr(cfg.reward, "path", None) == EMBEDDED
+
+
+def embedded_policy_dir(cfg: RunConfig, cache: Path, *, verbose: bool = True) -> Path:
+    """The warm-started embedded policy (cached: built once, then found)."""
+    return _model_dir(cfg, cache, verbose)
 
 
 def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:

@@ -46,7 +46,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from zbrl.assembly.environments import build_episode_runner
     from zbrl.assembly.input_checks import check_eval_inputs
     from zbrl.assembly.models import build_backend, load_tokenizer, quiet_transformers
-    from zbrl.assembly.rewards import build_reward_fn
+    from zbrl.assembly.rewards import build_eval_reward_fn
     from zbrl.assembly.settings import eval_sampling_params
     from zbrl.evaluation.evaluator import EvalSet, evaluate_set
 
@@ -61,7 +61,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         for name, path in named
     ]
     backend = build_backend(cfg, model_dir, model_dir)
-    reward = build_reward_fn(cfg)
+    reward = build_eval_reward_fn(cfg)
     episodes = build_episode_runner(cfg, backend)  # None for single-turn runs
     params = eval_sampling_params(cfg)
     out_dir = Path(args.out) if args.out else None

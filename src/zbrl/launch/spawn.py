@@ -46,10 +46,13 @@ class Workers:
     group_host: Any = None
     """The consumers' rendezvous store (kept alive for the run), when there are several."""
     placement: Placement | None = None
+    reward_workers: list[Any] = field(default_factory=list)
+    """Reward-model actors the producers score with (``reward.workers``)."""
     where: list[dict[str, Any]] = field(default_factory=list)  # summary.json "workers"
 
     def all(self) -> list[Any]:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
+        out += self.reward_workers
         return out + ([self.evaluator] if self.evaluator is not None else [])
 
     def replace_with(self, new: Workers) -> None:
@@ -76,6 +79,8 @@ class Spawner:
     placement: Placement
     group: GroupSpec | None = None
     """The consumers' data-parallel group (None for one consumer)."""
+    reward_workers: list[Any] = field(default_factory=list)
+    """The reward workers the producers send their batches to (none: they score in-process)."""
 
     def respawn(
         self, start: StartPoint, buffer_state: dict[str, Any] | None
@@ -99,13 +104,19 @@ class Spawner:
             ray.get(buffer.load_state.remote(buffer_state))
             resume_states = ray.get(buffer.reclaim.remote(None))
         group_host, group = consumer_group(cfg)
-        spawner = dataclasses.replace(self, start=start, buffer=buffer, store=store, group=group)
+        from zbrl.launch.reward_workers import spawn_reward_workers
+
+        spawner = dataclasses.replace(
+            self, start=start, buffer=buffer, store=store, group=group,
+            reward_workers=spawn_reward_workers(cfg),
+        )  # fmt: skip
         producers = [spawner.producer(i, resume_states.get(i)) for i in range(la.num_producers)]
         consumers = [spawner.consumer(i) for i in range(la.num_consumers)]
         evaluator = spawner.evaluator()
         workers = Workers(
             buffer, store, self.hub, producers, consumers, evaluator,
             group_host=group_host, placement=self.placement,
+            reward_workers=spawner.reward_workers,
         )  # fmt: skip
         workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
         workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
@@ -136,6 +147,7 @@ class Spawner:
                 self.hub,
                 self.start.version,
                 resume_state,
+                self.reward_workers,
             )
         )
 

@@ -18,7 +18,7 @@ from zbrl.assembly.models import (
     load_tokenizer,
     quiet_transformers,
 )
-from zbrl.assembly.rewards import build_reward_fn
+from zbrl.assembly.rewards import build_eval_reward_fn, build_reward_fn
 from zbrl.assembly.settings import (
     broadcast_settings,
     consumer_settings,
@@ -28,6 +28,7 @@ from zbrl.assembly.settings import (
 from zbrl.config import RunConfig
 from zbrl.config.transport import ObjectStoreSync
 from zbrl.launch.placement import describe_process, node_address
+from zbrl.launch.reward_workers import reward_scorer
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.training.consumer import ThreadLending
 from zbrl.training.distributed import GroupSpec, join_group
@@ -105,9 +106,11 @@ class ProducerWorker:
         hub: Any,
         initial_version: int,
         resume_state: dict[str, Any] | None,
+        reward_workers: list[Any] | None = None,
     ) -> None:
         """``initial_version``: the version of the weights in ``model_dir``; ``resume_state``: the
-        producer's resume point (from the rollout buffer) when it continues a shard."""
+        producer's resume point (from the rollout buffer) when it continues a shard;
+        ``reward_workers``: the reward-model actors to score with (None: in this process)."""
         from zbrl.rollout.producer import Producer
 
         cfg = RunConfig.model_validate(cfg_data)
@@ -127,7 +130,7 @@ class ProducerWorker:
             producer_settings(cfg, index),
             prompts,
             backend,
-            build_reward_fn(cfg),
+            build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers)),
             BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
@@ -244,7 +247,7 @@ class EvaluatorWorker:
         )
         self.evaluator = Evaluator(
             backend,
-            build_reward_fn(cfg),
+            build_eval_reward_fn(cfg),
             [EvalSet(name, prompts) for name, prompts in eval_sets.items()],
             eval_sampling_params(cfg),
             batch_size=cfg.eval.batch_size,

@@ -4,7 +4,15 @@ embedded tokenizer, saved like any user's reward model, so that
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerBase
@@ -45,3 +53,185 @@ def save_reward_model(
 ) -> Path:
     """``save_pretrained`` the classifier and its tokenizer into ``out_dir``."""
     return save_model_dir(model, tokenizer, out_dir)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# The embedded reward model, trained to predict correctness (cached like the warm start)
+
+MARKER = "REWARD_MODEL_COMPLETE"
+_CACHE_VERSION = 1
+"""Bump when the training code changes in a way that changes its result."""
+
+
+@dataclass(frozen=True)
+class RewardModelSettings:
+    """Everything that determines the embedded reward model (and hence its cache key)."""
+
+    policy: str
+    """The warm-started policy's directory name (it carries the warm start's own key)."""
+    seed: int = 0
+    n_prompts: int = 1500
+    """Train-split problems whose sampled responses are the training pairs."""
+    samples_per_prompt: int = 4
+    """Responses sampled per problem (temperature 1.0, like the RL rollouts)."""
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-4
+    eval_prompts: int = 200
+    """Eval-split problems whose sampled responses measure the model on held-out pairs."""
+    max_new_tokens: int = 32
+
+    def key(self) -> str:
+        blob = json.dumps({"v": _CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def reward_model_dir(cache_dir: str | Path, policy_dir: str | Path, **settings: Any) -> Path:
+    """Where :func:`ensure_reward_model` keeps the reward model trained on ``policy_dir``."""
+    return Path(cache_dir) / f"rm-{RewardModelSettings(Path(policy_dir).name, **settings).key()}"
+
+
+def ensure_reward_model(
+    cache_dir: str | Path, policy_dir: str | Path, *, verbose: bool = True, **settings: Any
+) -> Path:
+    """The directory of a reward model that predicts whether a response of the warm-started
+    policy in ``policy_dir`` is correct, training (and caching) it if needed.
+
+    Responses are sampled from the policy at temperature 1.0 on train-split problems and labelled
+    1/0 by the verifiable reward (``think_answer_tags``); the classifier starts from the policy's
+    own transformer (a fresh one-logit head) and is trained with a logistic loss. Its accuracy
+    and AUC on responses to eval-split problems are recorded in the marker file.
+    """
+    s = RewardModelSettings(Path(policy_dir).name, **settings)
+    target = reward_model_dir(cache_dir, policy_dir, **settings)
+    if (target / MARKER).is_file():
+        if verbose:
+            print(f"[zbrl] reward model: reusing {target}", flush=True)
+        return target
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    if target.exists():  # an interrupted earlier build
+        shutil.rmtree(target, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=".rm-", dir=cache_dir))
+    try:
+        summary = _build(s, Path(policy_dir), work, verbose=verbose)
+        (work / MARKER).write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            os.rename(work, target)
+        except OSError:  # another process finished the same build first
+            if not (target / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def read_reward_model_summary(model_dir: str | Path) -> dict:
+    """The settings and held-out figures recorded by :func:`ensure_reward_model`."""
+    return json.loads((Path(model_dir) / MARKER).read_text())
+
+
+def labelled_pairs(
+    policy: Any, tokenizer: Any, rows: list[dict], *, samples: int, max_new_tokens: int
+) -> tuple[list[str], list[float]]:
+    """Rendered (prompt, sampled response) texts and their 0/1 verifiable-reward labels."""
+    from zbrl.models.warm_start import generate_responses
+    from zbrl.rewards.base import RewardContext
+    from zbrl.rewards.reward_model import render_pair
+    from zbrl.rewards.think_answer import ThinkAnswerReward
+
+    repeated = [row for row in rows for _ in range(samples)]
+    responses = generate_responses(
+        policy, tokenizer, repeated, temperature=1.0, max_new_tokens=max_new_tokens
+    )
+    ctx = RewardContext(response_tokens=1, max_new_tokens=max_new_tokens)
+    verifier = ThinkAnswerReward()
+    results = verifier.score_batch(responses, repeated, [ctx] * len(responses))
+    labels = [1.0 if r.reward > 0.5 else 0.0 for r in results]
+    texts = [
+        render_pair(tokenizer, row["messages"], resp) for row, resp in zip(repeated, responses)
+    ]
+    return texts, labels
+
+
+def _encode(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
+    # as RewardModelScorer encodes them: right padding, no extra special tokens
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+@torch.no_grad()
+def _logits(model: Any, tokenizer: Any, texts: list[str], batch: int = 256) -> torch.Tensor:
+    model.eval()
+    out = [model(**_encode(tokenizer, texts[i : i + batch])).logits[:, 0] for i in
+           range(0, len(texts), batch)]  # fmt: skip
+    return torch.cat(out)
+
+
+def held_out_figures(logits: torch.Tensor, labels: list[float]) -> dict[str, float]:
+    """Accuracy (logit > 0), the positive rate, and AUC of scores against 0/1 labels."""
+    y = torch.tensor(labels)
+    pos, neg = logits[y == 1], logits[y == 0]
+    auc = float("nan")
+    if len(pos) and len(neg):
+        auc = ((pos[:, None] > neg[None, :]).float().mean()).item()
+    return {
+        "pairs": len(labels),
+        "positive_rate": round(y.mean().item(), 4),
+        "accuracy": round(((logits > 0).float() == y).float().mean().item(), 4),
+        "auc": round(auc, 4),
+    }
+
+
+def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: bool) -> dict:
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from zbrl.data.synthetic import make_arithmetic_rows
+
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    policy = LlamaForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(s.seed)
+        train_rows = make_arithmetic_rows(s.n_prompts, seed=s.seed + 101, split="train")
+        eval_rows = make_arithmetic_rows(s.eval_prompts, seed=s.seed + 202, split="eval")
+        pairs = {"samples": s.samples_per_prompt, "max_new_tokens": s.max_new_tokens}
+        texts, labels = labelled_pairs(policy, tokenizer, train_rows, **pairs)
+        eval_texts, eval_labels = labelled_pairs(policy, tokenizer, eval_rows, **pairs)
+    if verbose:
+        rate = sum(labels) / len(labels)
+        print(f"[zbrl] reward model: {len(texts)} sampled pairs, {rate:.2f} correct "
+              f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+    c = policy.config
+    model = build_tiny_reward_model(
+        tokenizer, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
+        num_heads=c.num_attention_heads, seed=s.seed,
+    )  # fmt: skip
+    model.model.load_state_dict(policy.model.state_dict())  # start from the policy's transformer
+    tokenizer.padding_side = "right"
+    generator = torch.Generator().manual_seed(s.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    y_all = torch.tensor(labels)
+    report_every = max(1, s.steps // 6)
+    for step in range(s.steps):
+        model.train()
+        picks = torch.randint(len(texts), (s.batch_size,), generator=generator).tolist()
+        logits = model(**_encode(tokenizer, [texts[i] for i in picks])).logits[:, 0]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y_all[picks])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if verbose and ((step + 1) % report_every == 0 or step + 1 == s.steps):
+            print(f"[zbrl] reward model: step {step + 1}/{s.steps} loss {loss.item():.3f} "
+                  f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+    figures = held_out_figures(_logits(model, tokenizer, eval_texts), eval_labels)
+    train_figures = held_out_figures(_logits(model, tokenizer, texts[:2000]), labels[:2000])
+    save_reward_model(model, tokenizer, out_dir)
+    if verbose:
+        print(f"[zbrl] reward model: held-out accuracy {figures['accuracy']:.3f} (positive rate "
+              f"{figures['positive_rate']:.2f}), AUC {figures['auc']:.3f}", flush=True)  # fmt: skip
+    return {
+        "settings": asdict(s),
+        "heldout": figures,
+        "train": train_figures,
+        "train_seconds": round(time.perf_counter() - started, 1),
+    }

@@ -1,0 +1,92 @@
+"""Reward workers: actors that hold a reward model (``reward.type: reward_model`` with
+``reward.workers`` > 0) and score the producers' batches.
+
+Each worker loads the model once, on a GPU when ``reward.worker_num_gpus`` > 0, else on CPU, and
+is placed by Ray with ``reward.worker_num_cpus`` / ``worker_num_gpus`` (no placement group: Ray
+puts it where those resources are free). A producer sends every batch, whole, to the next worker
+in turn (:class:`RayRewardScorer`); the reward's own deadline (``reward.timeout_s``) bounds the
+wait, and a batch whose worker is dead or late scores ``reward.failure_reward``, counted in the
+producer's ``reward_timeouts``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from zbrl.config import RewardModelReward, RunConfig
+
+
+class RewardModelWorker:
+    """A reward model in its own process, scoring (prompt messages, response) pairs."""
+
+    def __init__(self, cfg_data: dict[str, Any], index: int) -> None:
+        import torch
+
+        from zbrl.assembly.models import quiet_transformers
+        from zbrl.assembly.rewards import reward_model_scorer
+
+        cfg = RunConfig.model_validate(cfg_data)
+        quiet_transformers()
+        torch.set_num_threads(cfg.launch.torch_threads)
+        rw = cfg.reward
+        assert isinstance(rw, RewardModelReward)
+        self.index = index
+        self.scorer = reward_model_scorer(cfg, device="cuda" if rw.worker_num_gpus > 0 else "cpu")
+
+    def score(self, prompts: Sequence[Any], responses: Sequence[str]) -> list[float]:
+        return self.scorer.score(prompts, responses)
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        from zbrl.launch.placement import describe_process
+
+        return describe_process()
+
+
+class RayRewardScorer:
+    """The producers' client of the reward workers: each batch goes to the next worker in turn;
+    the wait is bounded by ``timeout_s`` (the reward's deadline enforces it as well)."""
+
+    def __init__(self, handles: Sequence[Any], timeout_s: float) -> None:
+        if not handles:
+            raise ValueError("RayRewardScorer needs at least one reward worker")
+        self.handles = list(handles)
+        self.timeout_s = timeout_s
+        self._turn = itertools.cycle(range(len(self.handles)))
+        self._lock = threading.Lock()
+
+    def score(self, prompts: Sequence[Any], responses: Sequence[str]) -> list[float]:
+        import ray
+
+        with self._lock:
+            handle = self.handles[next(self._turn)]
+        return ray.get(handle.score.remote(list(prompts), list(responses)), timeout=self.timeout_s)
+
+
+def uses_reward_workers(cfg: RunConfig) -> bool:
+    return isinstance(cfg.reward, RewardModelReward) and cfg.reward.workers > 0
+
+
+def spawn_reward_workers(cfg: RunConfig) -> list[Any]:
+    """The run's reward workers (none unless ``reward.workers`` > 0)."""
+    if not uses_reward_workers(cfg):
+        return []
+    import ray
+
+    rw = cfg.reward
+    assert isinstance(rw, RewardModelReward)
+    data = cfg.model_dump(mode="json")
+    options = {"num_cpus": rw.worker_num_cpus, "num_gpus": rw.worker_num_gpus}
+    return [
+        ray.remote(RewardModelWorker).options(**options).remote(data, i) for i in range(rw.workers)
+    ]
+
+
+def reward_scorer(cfg: RunConfig, handles: Sequence[Any] | None) -> RayRewardScorer | None:
+    """The scorer a producer's reward sends its batches through (None: score in-process)."""
+    if not handles:
+        return None
+    return RayRewardScorer(handles, timeout_s=cfg.reward.timeout_s)  # type: ignore[union-attr]
