@@ -29,13 +29,13 @@ from zbrl.launch.run_dir import (
     lock_existing_run_dir,
 )
 from zbrl.launch.signals import StopSignals, exit_code
-from zbrl.launch.spawn import Spawner, StartPoint, Workers, create_workers
+from zbrl.launch.spawn import Spawner, StartPoint, Workers, checkpoint_start, create_workers
 from zbrl.launch.steps import planned_steps, steps_notice
 from zbrl.launch.supervisor import Outcome, Supervisor
 from zbrl.telemetry.idle import percentile
 from zbrl.telemetry.metrics import MetricsSink, MultiSink
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
-from zbrl.training.checkpoint import Checkpoint, find_latest, load_state
+from zbrl.training.checkpoint import Checkpoint, find_latest
 from zbrl.transport.clients import BufferClient, HubClient
 from zbrl.transport.handles import RayHandle
 from zbrl.types import EncodedPrompt
@@ -158,11 +158,9 @@ def _train(cfg: RunConfig, run_dir: Path, inputs: RunInputs, sink: MetricsSink) 
 def start_point(
     artifacts: Artifacts, resume: Checkpoint | None
 ) -> tuple[StartPoint, dict[str, Any] | None]:
-    """Where the workers start, and the buffer state to restore (None for a fresh run)."""
-    if resume is None:
-        return StartPoint(model_dir=artifacts.model_dir, version=0), None
-    start = StartPoint(resume.path, resume.version, trainer_state=str(resume.trainer_file))
-    return start, load_state(resume.buffer_file)
+    """Where the workers start, and the buffer state to restore (None for a fresh run); a
+    consumer restart starts the same way (:func:`zbrl.launch.spawn.checkpoint_start`)."""
+    return checkpoint_start(artifacts, resume)
 
 
 @contextlib.contextmanager
