@@ -145,3 +145,26 @@ def test_a_malformed_answer_is_a_counted_failure(server):
 def test_bad_url_is_refused():
     with pytest.raises(ValueError, match="not an http"):
         RemoteHttpReward("ftp://example.org/x")
+
+
+def test_preflight_names_the_url_and_the_run_scores_through_the_config(server):
+    from zbrl.assembly.rewards import build_eval_reward_fn, build_reward_fn, check_reward
+    from zbrl.config import RunConfig
+    from zbrl.errors import RunError
+
+    cfg = RunConfig.model_validate({"reward": {"type": "http", "url": server.url, "retries": 0}})
+    check_reward(cfg)
+    reward = build_reward_fn(cfg)
+    assert [r.reward for r in reward.score_batch(*_batch(2))] == [1.0, 0.0]
+    verified = cfg.model_copy(update={"reward": cfg.reward.model_copy(
+        update={"verifier": "think_answer_tags"})})  # fmt: skip
+    assert build_eval_reward_fn(verified).name == "think_answer_tags"
+    server.stop()
+    with pytest.raises(
+        RunError, match=r"reward\.url: reward service http://127\.0\.0\.1:\d+/score"
+    ):
+        check_reward(cfg)
+    unchecked = RunConfig.model_validate(
+        {"reward": {"type": "http", "url": server.url, "check_at_start": False}}
+    )
+    check_reward(unchecked)  # starts anyway; failures are counted during the run

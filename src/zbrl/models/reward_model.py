@@ -76,10 +76,14 @@ class RewardModelSettings:
     """Responses sampled per problem (temperature 1.0, like the RL rollouts)."""
     steps: int = 600
     batch_size: int = 64
-    lr: float = 3e-4
+    lr: float = 1e-3
     eval_prompts: int = 200
     """Eval-split problems whose sampled responses measure the model on held-out pairs."""
     max_new_tokens: int = 32
+    counterfactuals: bool = True
+    """Add, for every sampled response with an answer, two copies whose answer is replaced by the
+    true sum and by a wrong one (labelled by the verifier like the rest): pairs that differ only
+    in the answer, so the classifier must compare it with the question."""
 
     def key(self) -> str:
         blob = json.dumps({"v": _CACHE_VERSION, **asdict(self)}, sort_keys=True)
@@ -131,9 +135,17 @@ def read_reward_model_summary(model_dir: str | Path) -> dict:
 
 
 def labelled_pairs(
-    policy: Any, tokenizer: Any, rows: list[dict], *, samples: int, max_new_tokens: int
+    policy: Any,
+    tokenizer: Any,
+    rows: list[dict],
+    *,
+    samples: int,
+    max_new_tokens: int,
+    counterfactuals: bool = False,
+    seed: int = 0,
 ) -> tuple[list[str], list[float]]:
-    """Rendered (prompt, sampled response) texts and their 0/1 verifiable-reward labels."""
+    """Rendered (prompt, sampled response) texts and their 0/1 verifiable-reward labels (with
+    ``counterfactuals``, also the answer-swapped copies, see :class:`RewardModelSettings`)."""
     from zbrl.models.warm_start import generate_responses
     from zbrl.rewards.base import RewardContext
     from zbrl.rewards.reward_model import render_pair
@@ -143,6 +155,8 @@ def labelled_pairs(
     responses = generate_responses(
         policy, tokenizer, repeated, temperature=1.0, max_new_tokens=max_new_tokens
     )
+    if counterfactuals:
+        repeated, responses = _with_counterfactuals(repeated, responses, seed)
     ctx = RewardContext(response_tokens=1, max_new_tokens=max_new_tokens)
     verifier = ThinkAnswerReward()
     results = verifier.score_batch(responses, repeated, [ctx] * len(responses))
@@ -151,6 +165,27 @@ def labelled_pairs(
         render_pair(tokenizer, row["messages"], resp) for row, resp in zip(repeated, responses)
     ]
     return texts, labels
+
+
+def _with_counterfactuals(
+    rows: list[dict], responses: list[str], seed: int
+) -> tuple[list[dict], list[str]]:
+    import random
+    import re
+
+    rng = random.Random(seed)
+    out_rows, out_responses = list(rows), list(responses)
+    for row, response in zip(rows, responses):
+        found = list(re.finditer(r"<answer>(.*?)</answer>", response, re.DOTALL))
+        if not found:
+            continue
+        true = int(row["gt_answer"])
+        wrong = true + rng.choice([-11, -10, -2, -1, 1, 2, 10, 11])
+        span = found[-1].span(1)
+        for value in (true, max(wrong, 0) if wrong != true else true + 1):
+            out_rows.append(row)
+            out_responses.append(response[: span[0]] + str(value) + response[span[1] :])
+    return out_rows, out_responses
 
 
 def _encode(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -194,7 +229,10 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         train_rows = make_arithmetic_rows(s.n_prompts, seed=s.seed + 101, split="train")
         eval_rows = make_arithmetic_rows(s.eval_prompts, seed=s.seed + 202, split="eval")
         pairs = {"samples": s.samples_per_prompt, "max_new_tokens": s.max_new_tokens}
-        texts, labels = labelled_pairs(policy, tokenizer, train_rows, **pairs)
+        texts, labels = labelled_pairs(
+            policy, tokenizer, train_rows, counterfactuals=s.counterfactuals, seed=s.seed, **pairs
+        )
+        # held out: the policy's own sampled responses only, as RL will show them
         eval_texts, eval_labels = labelled_pairs(policy, tokenizer, eval_rows, **pairs)
     if verbose:
         rate = sum(labels) / len(labels)
