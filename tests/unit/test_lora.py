@@ -271,3 +271,22 @@ def test_lora_section_defaults_target_every_linear_layer_of_a_llama_block():
         "down_proj",
     ]
     assert load_config(None, []).model.lora is None
+
+
+def test_eval_of_a_lora_checkpoint_checks_its_base_and_refuses_vllm(checkpointed, tmp_path):
+    import json
+    import shutil
+
+    from zbrl.assembly.input_checks import check_lora_checkpoint
+
+    path = checkpointed[3]
+    check_lora_checkpoint(load_config(None, []), path)  # peft, transformers, the base: fine
+    with pytest.raises(RunError, match=r"only the transformers backend.*rollout\.backend="):
+        check_lora_checkpoint(load_config(None, ["rollout.backend=vllm"]), path)
+    moved = shutil.copytree(path, tmp_path / "step-3")
+    config_file = moved / "adapter_config.json"
+    config_file.write_text(
+        json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": "/gone"})
+    )
+    with pytest.raises(RunError, match="edit base_model_name_or_path"):
+        check_lora_checkpoint(load_config(None, []), moved)

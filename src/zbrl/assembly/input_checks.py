@@ -51,18 +51,44 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
     backend's package is installed, the reward builds and every ``--data`` file can be read."""
     from zbrl.assembly.models import check_backend_installed
     from zbrl.assembly.rewards import check_reward
+    from zbrl.models import lora
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir
 
-    if not model_dir.is_dir() or not (model_dir / "config.json").is_file():
+    if lora.is_adapter_dir(model_dir):  # a LoRA checkpoint: its base + its adapters
+        check_lora_checkpoint(cfg, model_dir)
+    elif not model_dir.is_dir() or not (model_dir / "config.json").is_file():
         why = "no config.json" if model_dir.is_dir() else "it does not exist"
         raise RunError(
             f"--model {model_dir}: not a model directory ({why}); give a directory "
             "save_pretrained wrote, e.g. a checkpoint RUN_DIR/checkpoints/step-N"
         )
-    check_model_dir(model_dir, field="--model", spec=str(model_dir))
+    else:
+        check_model_dir(model_dir, field="--model", spec=str(model_dir))
     check_tokenizer_dir(model_dir, field="--model", spec=str(model_dir))
     check_backend_installed(cfg)
     check_reward(cfg)
     for name, path in data:
         if path != HELD_OUT:
             check_readable_file(path, f"--data {name}")
+
+
+def check_lora_checkpoint(cfg: RunConfig, adapter_dir: Path) -> None:
+    """``zbrl eval --model`` of a LoRA checkpoint: peft is installed, the backend merges adapters
+    (transformers) and the base model it names is there."""
+    import sys
+
+    from zbrl.models import lora
+    from zbrl.models.sources import check_model_dir
+
+    if not lora.peft_available():
+        raise RunError(
+            f"--model {adapter_dir} is a LoRA checkpoint, but peft is not installed in this "
+            f"environment ({sys.executable}): {lora.INSTALL_HINT}"
+        )
+    if cfg.rollout.backend.type != "transformers":
+        raise RunError(
+            f"--model {adapter_dir} is a LoRA checkpoint, which only the transformers backend "
+            "evaluates (it merges the adapters into the base); set rollout.backend=transformers"
+        )
+    base = lora.base_dir_of(adapter_dir)
+    check_model_dir(base, field="--model", spec=f"{adapter_dir}'s base model {base}")

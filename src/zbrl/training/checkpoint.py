@@ -12,6 +12,13 @@ Layout of one checkpoint, ``RUN_DIR/checkpoints/step-N`` (N = policy version = s
     zbrl/meta.json       written last: version, time, and a manifest (size and SHA-256 of
                          every file) that says the checkpoint is complete
 
+With ``model.lora`` the policy part is a peft adapter directory instead (``adapter_config.json``,
+whose ``base_model_name_or_path`` names the base model's directory, and the float32
+``adapter_model.safetensors``): ``peft.AutoPeftModelForCausalLM.from_pretrained(step-N)`` or
+transformers' ``AutoModelForCausalLM.from_pretrained(step-N)`` (with peft installed) load the base
+with the adapters, ``merge_and_unload()`` makes it a plain model; resuming loads the adapters onto
+that base (:func:`zbrl.assembly.models.load_trained_policy`). See docs/scaling.md, LoRA.
+
 Writing is atomic: everything goes into ``step-N.tmp-PID``, every file and the directory are
 fsynced, and the directory is renamed to ``step-N`` (then the parent is fsynced). A reader
 (:func:`find_latest`) takes the newest ``step-N`` whose manifest matches its files and skips,
