@@ -15,9 +15,9 @@ from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
 from zbrl.transport.weight_sync.object_store import (
     ObjectStorePublisher,
     ObjectStoreReceiver,
-    WeightStore,
     cpu_copy,
 )
+from zbrl.transport.weight_sync.store import WeightStore
 from zbrl.types import WeightsMessage
 
 WAIT = 10.0  # generous upper bound for waits on background threads (never hit when passing)

@@ -16,8 +16,8 @@ from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import (
     ObjectStorePublisher,
     ObjectStoreReceiver,
-    WeightStore,
 )
+from zbrl.transport.weight_sync.store import WeightStore
 
 pytestmark = pytest.mark.vllm
 
