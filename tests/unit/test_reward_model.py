@@ -136,3 +136,43 @@ def test_config_builds_primary_extra_and_eval_rewards(rm_dir):
             {"reward": {"type": "think_answer_tags",
                         "extra": [{"type": "reward_model", "options": {"pth": "x"}}]}}
         ))  # fmt: skip
+
+
+def test_counterfactual_pairs_differ_only_in_the_answer():
+    from zbrl.models.reward_model import _with_counterfactuals
+
+    row = {"messages": PROMPT, "gt_answer": "5"}
+    rows, responses = _with_counterfactuals(
+        [row, row], ["<think>2+3=4</think><answer>4</answer>", "no answer"], seed=0
+    )
+    assert responses[:2] == ["<think>2+3=4</think><answer>4</answer>", "no answer"]
+    assert responses[2] == "<think>2+3=4</think><answer>5</answer>"
+    wrong = responses[3].removeprefix("<think>2+3=4</think><answer>").removesuffix("</answer>")
+    assert int(wrong) != 5
+    assert len(rows) == len(responses) == 4  # the response without an answer gets no copies
+
+
+def test_held_out_figures():
+    import torch
+
+    from zbrl.models.reward_model import held_out_figures
+
+    figures = held_out_figures(torch.tensor([2.0, -1.0, 0.5, -3.0]), [1.0, 0.0, 0.0, 0.0])
+    assert figures == {"pairs": 4, "positive_rate": 0.25, "accuracy": 0.75, "auc": 1.0}
+
+
+def test_embedded_reward_model_is_trained_once_and_cached(tmp_path, tiny_model_dir):
+    from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
+
+    small = {"n_prompts": 4, "samples_per_prompt": 2, "steps": 2, "batch_size": 4,
+             "eval_prompts": 3, "max_new_tokens": 8}  # fmt: skip
+    built = ensure_reward_model(tmp_path, tiny_model_dir, verbose=False, **small)
+    summary = read_reward_model_summary(built)
+    assert summary["heldout"]["pairs"] == 3 * 2 and summary["settings"]["steps"] == 2
+    assert ensure_reward_model(tmp_path, tiny_model_dir, verbose=False, **small) == built
+    assert (
+        ensure_reward_model(tmp_path, tiny_model_dir, verbose=False, **{**small, "steps": 3})
+        != built
+    )
+    (score,) = RewardModelScorer(built).score([PROMPT], ["<answer>5</answer>"])
+    assert 0.0 < score < 1.0
