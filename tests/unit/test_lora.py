@@ -290,3 +290,24 @@ def test_eval_of_a_lora_checkpoint_checks_its_base_and_refuses_vllm(checkpointed
     )
     with pytest.raises(RunError, match="edit base_model_name_or_path"):
         check_lora_checkpoint(load_config(None, []), moved)
+
+
+def test_the_kl_reference_of_a_lora_checkpoint_is_its_base(checkpointed, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    path = checkpointed[3]
+    engine = build_engine(config("algorithm.beta=0.1"), path, total_steps=2)
+    base = load_file(tiny_model_dir / "model.safetensors")
+    reference = engine.reference.state_dict()
+    for name, tensor in base.items():
+        assert torch.equal(reference[name], tensor), name
+
+
+def test_a_lora_run_without_peft_is_refused_before_it_starts(monkeypatch):
+    from zbrl.assembly.models import check_backend_installed
+    from zbrl.models import lora
+
+    monkeypatch.setattr(lora, "peft_available", lambda: False)
+    with pytest.raises(RunError, match=r"model\.lora is set, but peft is not.*zbrl\[lora\]"):
+        check_backend_installed(config())
+    check_backend_installed(load_config(None, []))  # no LoRA: no peft needed

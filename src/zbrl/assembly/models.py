@@ -136,7 +136,9 @@ def build_engine(
     policy = load_trained_policy(cfg, model_dir).to(device)
     reference = None
     if cfg.algorithm.beta > 0:
-        reference = load_policy(cfg, reference_dir or model_dir, dtype).to(device).eval()
+        if reference_dir is None:  # the policy's own weights (a LoRA checkpoint's base)
+            reference_dir = base_dir_of_policy(model_dir)
+        reference = load_policy(cfg, reference_dir, dtype).to(device).eval()
         reference.requires_grad_(False)
     make_optimizer = optimizer_factory(cfg, total_steps)
     engine = cfg.training.engine
@@ -169,6 +171,14 @@ def build_engine(
         device=device,
         compute_dtype=dtype,
     )
+
+
+def base_dir_of_policy(model_dir: Path) -> Path:
+    """``model_dir``, or the base model of a LoRA checkpoint (whose adapters start at zero on a
+    fresh engine: the base is the policy before training)."""
+    from zbrl.models import lora
+
+    return lora.base_dir_of(model_dir) if lora.is_adapter_dir(model_dir) else model_dir
 
 
 def load_trained_policy(cfg: RunConfig, model_dir: Path):
