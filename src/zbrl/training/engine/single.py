@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -153,7 +154,8 @@ class SingleProcessEngine:
 
 def is_lora(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a peft model (``model.lora``): only its adapters are trained."""
-    return getattr(model, "peft_config", None) is not None and hasattr(model, "base_model")
+    peft = sys.modules.get("peft")  # a model can only be a PeftModel once peft is imported
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
