@@ -42,8 +42,8 @@ class RewardBase(Section):
 
     extra: list[ExtraReward] = Field(default_factory=list)
     """Further rewards added with weights: a registered reward (``think_answer_tags``, ``boxed``,
-    ``last_number``, ``reasoning_gym``, ``code``) with its constructor options, or a user function
-    ``package.module:function``."""
+    ``last_number``, ``reasoning_gym``, ``code``, ``http``, ``reward_model`` from a local
+    directory) with its constructor options, or a user function ``package.module:function``."""
 
 
 class LengthShapingOptions(RewardBase):
@@ -156,7 +156,9 @@ class RewardModelReward(LearnedRewardBase):
     """Reward discriminator."""
     path: str
     """The reward model: a local model directory, a ``.gguf`` file, a pulled model's name or a
-    Hugging Face Hub id (resolved as ``model.path`` is)."""
+    Hugging Face Hub id (resolved as ``model.path`` is); ``embedded``: a tiny classifier trained
+    (once, cached) on the embedded policy's sampled answers to the addition task
+    (``zbrl.models.reward_model``)."""
     tokenizer_path: str | None = None
     """Its tokenizer, when not in ``path``'s directory."""
     batch_size: int = Field(default=16, ge=1)
@@ -185,7 +187,8 @@ class LlmJudgeReward(LearnedRewardBase):
     type: Literal["llm_judge"] = "llm_judge"
     """Reward discriminator."""
     path: str
-    """The judge model (``embedded`` for the policy's own embedded model, or as ``model.path``)."""
+    """The judge, a causal LM with a chat template: a local model directory, a ``.gguf`` file, a
+    pulled model's name or a Hugging Face Hub id (resolved as ``model.path`` is)."""
     template: str = (
         "Grade the answer to the question. Question: {prompt}\nAnswer: {response}\n"
         "Reply with a score between 0 and 1."

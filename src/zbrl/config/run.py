@@ -35,8 +35,9 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     """Training prompts."""
     reward: RewardConfig = Field(default_factory=ThinkAnswerTagsReward)
-    """Verifiable reward (``type``: think_answer_tags, boxed, code or ``package.module:function``)
-    with its own options."""
+    """The reward (``type``: think_answer_tags, boxed, last_number, reasoning_gym, code; a learned
+    or remote one: reward_model, llm_judge, http; or ``package.module:function``) with its own
+    options."""
     environment: EnvironmentConfig | None = None
     """Multi-turn episodes (``type``: tools or ``package.module:Class``, see
     docs/environments.md); None: single-turn responses."""
