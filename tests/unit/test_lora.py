@@ -329,3 +329,15 @@ def test_the_summary_weight_sync_size_is_the_median_published_version(tmp_path):
     recorder.record(TRAIN_STEP, 11.0, 12.0)
     TimelineWriter(tmp_path).write(recorder.drain())
     assert _weight_sync_bytes(monitor) == 200
+
+
+def test_adapters_get_gradients_under_gradient_checkpointing(tiny_model_dir):
+    engine = build_engine(config("model.gradient_checkpointing=true"), tiny_model_dir, 2)
+    randomise_b(engine, seed=4)  # with B = 0, A's gradient is zero whatever happens
+    engine.zero_grad()
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(5))
+    logits = engine.policy(input_ids=ids).logits
+    engine.backward(logits.float().logsumexp(-1).mean())
+    grads = {n: p.grad for n, p in engine.policy.named_parameters() if p.requires_grad}
+    assert len(grads) == 2 * LAYERS * TARGETS
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
