@@ -76,11 +76,11 @@ class RewardModelSettings:
     """Responses sampled per problem (temperature 1.0, like the RL rollouts)."""
     steps: int = 600
     batch_size: int = 64
-    lr: float = 1e-3
+    lr: float = 5e-4
     eval_prompts: int = 200
     """Eval-split problems whose sampled responses measure the model on held-out pairs."""
     max_new_tokens: int = 32
-    counterfactuals: bool = True
+    counterfactuals: bool = False
     """Add, for every sampled response with an answer, two copies whose answer is replaced by the
     true sum and by a wrong one (labelled by the verifier like the rest): pairs that differ only
     in the answer, so the classifier must compare it with the question."""
