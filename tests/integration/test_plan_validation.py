@@ -26,9 +26,11 @@ from zbrl.planning.compare import (
     render_table,
 )
 from zbrl.planning.simulate import measured_shape
-from zbrl.testing.runs import WARM_START_STEPS
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
+# its own Ray per run and its own 20-step warm start, as when its bounds were measured: the
+# planner's errors on a 2-core machine depend on what the runs generate (a run of this test on the
+# shared Ray with the tests' 5-step warm start missed the idle bounds by 2 points, at load 9-18)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
@@ -42,9 +44,9 @@ load it measured in the 1x1 run (``--background-load run``)."""
 CORES = os.cpu_count() or 1
 
 
-@pytest.fixture
-def cache(run_cache):
-    return run_cache
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
 
 
 def run(run_dir: Path, cache: Path, producers: int) -> None:
@@ -55,7 +57,7 @@ def run(run_dir: Path, cache: Path, producers: int) -> None:
             f"logging.cache_dir={cache}",
             "logging.progress=false",
             "logging.save_final=false",
-            f"model.warm_start.steps={WARM_START_STEPS}",
+            "model.warm_start.steps=20",
             "eval.sets={}",
             f"training.max_steps={STEPS}",
             f"launch.num_producers={producers}",
