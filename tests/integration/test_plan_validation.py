@@ -27,9 +27,9 @@ from zbrl.planning.compare import (
 )
 from zbrl.planning.simulate import measured_shape
 
-# its own Ray per run and its own 20-step warm start, as when its bounds were measured: the
-# planner's errors on a 2-core machine depend on what the runs generate (a run of this test on the
-# shared Ray with the tests' 5-step warm start missed the idle bounds by 2 points, at load 9-18)
+# its own Ray per run and its own 20-step warm start, as when its bounds were measured (no
+# local_ray, no run_cache): on the shared Ray with the tests' 5-step warm start, one run of this
+# test missed the idle bounds by 2 points (load 9-18; which change did it was not isolated)
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
