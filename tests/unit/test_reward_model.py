@@ -165,7 +165,7 @@ def test_embedded_reward_model_is_trained_once_and_cached(tmp_path, tiny_model_d
     from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
 
     small = {"n_prompts": 4, "samples_per_prompt": 2, "steps": 2, "batch_size": 4,
-             "eval_prompts": 3, "max_new_tokens": 8}  # fmt: skip
+             "eval_prompts": 3, "max_new_tokens": 8, "backbone_sft_steps": None}  # fmt: skip
     built = ensure_reward_model(tmp_path, tiny_model_dir, verbose=False, **small)
     summary = read_reward_model_summary(built)
     assert summary["heldout"]["pairs"] == 3 * 2 and summary["settings"]["steps"] == 2

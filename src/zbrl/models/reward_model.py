@@ -80,6 +80,10 @@ class RewardModelSettings:
     eval_prompts: int = 200
     """Eval-split problems whose sampled responses measure the model on held-out pairs."""
     max_new_tokens: int = 32
+    backbone_sft_steps: int | None = 450
+    """The classifier's transformer comes from a longer supervised run of the same warm start
+    (this many steps, no early stop; cached like the warm start), whose hidden states already
+    carry the sums; None: from the sampling policy itself."""
     counterfactuals: bool = False
     """Add, for every sampled response with an answer, two copies whose answer is replaced by the
     true sum and by a wrong one (labelled by the verifier like the rest): pairs that differ only
@@ -102,8 +106,9 @@ def ensure_reward_model(
     policy in ``policy_dir`` is correct, training (and caching) it if needed.
 
     Responses are sampled from the policy at temperature 1.0 on train-split problems and labelled
-    1/0 by the verifiable reward (``think_answer_tags``); the classifier starts from the policy's
-    own transformer (a fresh one-logit head) and is trained with a logistic loss. Its accuracy
+    1/0 by the verifiable reward (``think_answer_tags``); the classifier starts from a longer
+    supervised run's transformer (``backbone_sft_steps``; or the policy's own) with a fresh
+    one-logit head and is trained with a logistic loss. Its accuracy
     and AUC on responses to eval-split problems are recorded in the marker file.
     """
     s = RewardModelSettings(Path(policy_dir).name, **settings)
@@ -216,6 +221,24 @@ def held_out_figures(logits: torch.Tensor, labels: list[float]) -> dict[str, flo
     }
 
 
+def _backbone(s: RewardModelSettings, policy_dir: Path, policy: Any) -> Any:
+    """The causal LM whose transformer the classifier starts from (see ``backbone_sft_steps``)."""
+    if s.backbone_sft_steps is None:
+        return policy
+    from transformers import LlamaForCausalLM
+
+    from zbrl.models.warm_start import ensure_warm_start, read_warm_start_summary
+
+    warm = read_warm_start_summary(policy_dir)["settings"]
+    keep = ("seed", "batch_size", "lr", "warmup_steps", "n_train", "min_digits", "max_digits",
+            "hidden_size", "num_layers", "num_heads")  # fmt: skip
+    longer = ensure_warm_start(
+        policy_dir.parent, **{k: warm[k] for k in keep}, steps=s.backbone_sft_steps,
+        stop_at_accuracy=None, eval_size=0,
+    )  # fmt: skip
+    return LlamaForCausalLM.from_pretrained(longer, dtype=torch.float32)
+
+
 def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: bool) -> dict:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -243,7 +266,7 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         tokenizer, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
         num_heads=c.num_attention_heads, seed=s.seed,
     )  # fmt: skip
-    model.model.load_state_dict(policy.model.state_dict())  # start from the policy's transformer
+    model.model.load_state_dict(_backbone(s, policy_dir, policy).model.state_dict())
     tokenizer.padding_side = "right"
     generator = torch.Generator().manual_seed(s.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
