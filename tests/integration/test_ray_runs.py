@@ -82,8 +82,10 @@ def test_short_run_trains_saves_and_reports(tmp_path, cache):
     assert len(rollouts[0]["responses"]) == 4 and isinstance(rollouts[0]["responses"][0], str)
 
 
-# one producer: the slow tier; two (the partial batch is one producer's) in make test
-@pytest.mark.parametrize("producers", [pytest.param(1, marks=pytest.mark.slow), 2])
+# the slow tier (make test-slow), with one producer and with two (the partial batch is one
+# producer's): each is a whole run of ~18 s
+@pytest.mark.slow
+@pytest.mark.parametrize("producers", [1, 2])
 def test_data_running_out_mid_batch_exits_cleanly(tmp_path, cache, producers):
     overrides = [
         *small_overrides(tmp_path, cache),

@@ -37,7 +37,8 @@ BF16 = Case("bf16", ("model.dtype=bfloat16", *ACCUMULATE), 3, seed=3)
 BF16_GRAD_REL_L2 = 2e-2
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp2"])
+# FSDP2's spawned pair (~18 s) runs in the slow tier (make test-slow); DDP's in make test
+@pytest.fixture(scope="module", params=["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def engine_results(request, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
     resume = Case(
