@@ -165,7 +165,8 @@ def test_embedded_reward_model_is_trained_once_and_cached(tmp_path, tiny_model_d
     from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
 
     small = {"n_prompts": 4, "samples_per_prompt": 2, "steps": 2, "batch_size": 4,
-             "eval_prompts": 3, "max_new_tokens": 8, "backbone_sft_steps": None}  # fmt: skip
+             "eval_prompts": 3, "max_new_tokens": 8, "backbone_sft_steps": None,
+             "objective": "pointwise"}  # fmt: skip
     built = ensure_reward_model(tmp_path, tiny_model_dir, verbose=False, **small)
     summary = read_reward_model_summary(built)
     assert summary["heldout"]["pairs"] == 3 * 2 and summary["settings"]["steps"] == 2
@@ -176,3 +177,10 @@ def test_embedded_reward_model_is_trained_once_and_cached(tmp_path, tiny_model_d
     )
     (score,) = RewardModelScorer(built).score([PROMPT], ["<answer>5</answer>"])
     assert 0.0 < score < 1.0
+
+
+def test_same_problem_pairs():
+    from zbrl.models.reward_model import same_problem_pairs
+
+    labels = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]  # problems of 3: [1,0,0], [1,1,1], [0]
+    assert same_problem_pairs(labels, 3) == [(0, 1), (0, 2)]

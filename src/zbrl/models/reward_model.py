@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerBase
@@ -84,6 +84,11 @@ class RewardModelSettings:
     """The classifier's transformer comes from a longer supervised run of the same warm start
     (this many steps, no early stop; cached like the warm start), whose hidden states already
     carry the sums; None: from the sampling policy itself."""
+    objective: Literal["pointwise", "pairwise"] = "pairwise"
+    """``pointwise``: logistic loss on each response's 0/1 label; ``pairwise``: a
+    Bradley-Terry loss on (correct, wrong) responses to the SAME problem, so that what makes a
+    problem easy (no carry, say) cannot score by itself — only what separates right from wrong
+    answers to one problem does."""
     counterfactuals: bool = False
     """Add, for every sampled response with an answer, two copies whose answer is replaced by the
     true sum and by a wrong one (labelled by the verifier like the rest): pairs that differ only
@@ -193,6 +198,18 @@ def _with_counterfactuals(
     return out_rows, out_responses
 
 
+def same_problem_pairs(labels: list[float], samples: int) -> list[tuple[int, int]]:
+    """(right, wrong) index pairs of responses to the same problem (``samples`` consecutive
+    responses per problem)."""
+    pairs = []
+    for start in range(0, len(labels), samples):
+        group = range(start, min(start + samples, len(labels)))
+        right = [i for i in group if labels[i] == 1.0]
+        wrong = [i for i in group if labels[i] == 0.0]
+        pairs += [(r, w) for r in right for w in wrong]
+    return pairs
+
+
 def _encode(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
     # as RewardModelScorer encodes them: right padding, no extra special tokens
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -271,12 +288,22 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
     generator = torch.Generator().manual_seed(s.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
     y_all = torch.tensor(labels)
+    sampled = len(train_rows) * s.samples_per_prompt  # the sampled responses come first, in order
+    pairs = same_problem_pairs(labels[:sampled], s.samples_per_prompt)
+    if s.objective == "pairwise" and not pairs:
+        raise ValueError("reward model: no problem has both a right and a wrong sampled answer")
     report_every = max(1, s.steps // 6)
     for step in range(s.steps):
         model.train()
-        picks = torch.randint(len(texts), (s.batch_size,), generator=generator).tolist()
-        logits = model(**_encode(tokenizer, [texts[i] for i in picks])).logits[:, 0]
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y_all[picks])
+        if s.objective == "pairwise":
+            chosen = torch.randint(len(pairs), (s.batch_size // 2,), generator=generator).tolist()
+            picks = [i for c in chosen for i in pairs[c]]
+            logits = model(**_encode(tokenizer, [texts[i] for i in picks])).logits[:, 0]
+            loss = -torch.nn.functional.logsigmoid(logits[0::2] - logits[1::2]).mean()
+        else:
+            picks = torch.randint(len(texts), (s.batch_size,), generator=generator).tolist()
+            logits = model(**_encode(tokenizer, [texts[i] for i in picks])).logits[:, 0]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y_all[picks])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -284,7 +311,15 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         if verbose and ((step + 1) % report_every == 0 or step + 1 == s.steps):
             print(f"[zbrl] reward model: step {step + 1}/{s.steps} loss {loss.item():.3f} "
                   f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
-    figures = held_out_figures(_logits(model, tokenizer, eval_texts), eval_labels)
+    eval_logits = _logits(model, tokenizer, eval_texts)
+    figures = held_out_figures(eval_logits, eval_labels)
+    eval_pairs = same_problem_pairs(eval_labels, s.samples_per_prompt)
+    figures["same_problem_pairs"] = len(eval_pairs)
+    figures["same_problem_pair_accuracy"] = round(
+        sum(float(eval_logits[a] > eval_logits[b]) for a, b in eval_pairs)
+        / max(1, len(eval_pairs)),
+        4,
+    )
     train_figures = held_out_figures(_logits(model, tokenizer, texts[:2000]), labels[:2000])
     save_reward_model(model, tokenizer, out_dir)
     if verbose:
