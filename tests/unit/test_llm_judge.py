@@ -107,3 +107,22 @@ def test_embedded_tiny_model_as_judge(tiny_model_dir):
     assert [r.reward for r in results] == [0.0, 0.0]
     assert judge.parse_failures == 2
     assert all(isinstance(r.metadata["judge_reply"], str) for r in results)
+
+
+def test_judge_from_the_config(tiny_model_dir):
+    from zbrl.assembly.rewards import build_eval_reward_fn, build_reward_fn, check_reward
+    from zbrl.config import ConfigError, RunConfig
+
+    cfg = RunConfig.model_validate(
+        {"reward": {"type": "llm_judge", "path": str(tiny_model_dir), "max_new_tokens": 4,
+                    "verifier": "think_answer_tags", "failure_reward": -1.0}}
+    )  # fmt: skip
+    check_reward(cfg)
+    judge = build_reward_fn(cfg)
+    assert isinstance(judge, JudgeReward) and judge.sampling.temperature == 0.0
+    (r,) = judge.score_batch(["<think></think><answer>5</answer>"], [EXAMPLE], [CTX])
+    assert r.reward == -1.0 and r.ans_acc == 1.0  # no verdict; accuracy from the verifier
+    assert build_eval_reward_fn(cfg).name == "think_answer_tags"
+    bad = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"template": "{q}"})})
+    with pytest.raises(ConfigError, match=r"reward: llm_judge template"):
+        check_reward(bad)
