@@ -149,6 +149,7 @@ def test_losing_a_node_ends_the_run_naming_the_worker_on_it(cluster, tmp_path, r
         *endless_tiny_run(run_dir, run_cache),
         *_cluster_overrides(info["address"]),
         "launch.max_producer_restarts=0",  # else a lost producer is restarted (if there is room)
+        "launch.max_consumer_restarts=0",  # else a lost consumer's restart is tried first
     ]
     proc = _train(tmp_path, overrides)
     stderr = tmp_path / "stderr.log"
