@@ -25,6 +25,7 @@ from zbrl.rewards.base import (
     RewardFunction,
     RewardResult,
     check_batch_lengths,
+    learned_results,
 )
 from zbrl.rewards.extraction import last_number
 
@@ -144,34 +145,23 @@ class JudgeReward(BaseReward):
         checked = (
             self.verifier.score_batch(responses, examples, contexts) if self.verifier else None
         )
-        results = []
-        for i, reply in enumerate(replies):
+        verdicts, metadata = [], []
+        for reply in replies:
             verdict = self.parse(reply) if reply is not None else None
-            fmt, acc, parsed = (
-                (checked[i].format_acc, checked[i].ans_acc, checked[i].parsed)
-                if checked
-                else (1.0, verdict if verdict is not None else 0.0, None)
-            )
-            if verdict is None:
-                if reply is not None:
-                    self.parse_failures += 1
-                    logger.warning(
-                        "llm_judge: no verdict in [0, 1] in the judge's reply %r; scored %g "
-                        "(%d unparsed so far)", reply[:120], self.failure_reward,
-                        self.parse_failures,
-                    )  # fmt: skip
-                reason = "no verdict" if reply is not None else "judge failed"
-                results.append(
-                    RewardResult(
-                        self.failure_reward, fmt if checked else 0.0, acc if checked else 0.0,
-                        metadata={"reward_error": reason, "judge_reply": reply}, timed_out=True,
-                    )
+            verdicts.append(verdict)
+            if verdict is not None:
+                metadata.append({"judge_reply": reply})
+                continue
+            if reply is not None:
+                self.parse_failures += 1
+                logger.warning(
+                    "llm_judge: no verdict in [0, 1] in the judge's reply %r; scored %g "
+                    "(%d unparsed so far)", reply[:120], self.failure_reward,
+                    self.parse_failures,
                 )  # fmt: skip
-            else:
-                results.append(
-                    RewardResult(verdict, fmt, acc, parsed=parsed, metadata={"judge_reply": reply})
-                )
-        return results
+            reason = "no verdict" if reply is not None else "judge failed"
+            metadata.append({"reward_error": reason, "judge_reply": reply})
+        return learned_results(verdicts, checked, self.failure_reward, metadata)
 
     def _replies(self, prompts: list[list[int]]) -> list[str | None]:
         """The judge's reply per prompt; None for each prompt of a batch that failed."""

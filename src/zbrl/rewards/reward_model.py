@@ -30,6 +30,7 @@ from zbrl.rewards.base import (
     RewardFunction,
     RewardResult,
     check_batch_lengths,
+    learned_results,
 )
 from zbrl.rewards.registry import build_reward, register_reward
 
@@ -165,24 +166,8 @@ class ClassifierReward(BaseReward):
             if self.verifier is not None
             else None
         )
-        results = []
-        for i, value in enumerate(scores):
-            if value is None:
-                results.append(
-                    RewardResult(
-                        self.failure_reward,
-                        checked[i].format_acc if checked else 0.0,
-                        checked[i].ans_acc if checked else 0.0,
-                        metadata={"reward_error": self._last_error},
-                        timed_out=True,
-                    )
-                )
-            elif checked is not None:
-                c = checked[i]
-                results.append(RewardResult(value, c.format_acc, c.ans_acc, parsed=c.parsed))
-            else:
-                results.append(RewardResult(value, 1.0, min(max(value, 0.0), 1.0)))
-        return results
+        metadata = [{} if v is not None else {"reward_error": self._last_error} for v in scores]
+        return learned_results(scores, checked, self.failure_reward, metadata)
 
     def _scores(self, prompts: list[Messages], responses: list[str]) -> list[float | None]:
         """The scorer's scores, or None for each pair when the batch failed."""
