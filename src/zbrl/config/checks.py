@@ -18,6 +18,7 @@ from zbrl.config.rewards import LengthShapingOptions
 
 if TYPE_CHECKING:
     from zbrl.config.algorithm import AlgorithmConfig
+    from zbrl.config.environments import EnvironmentConfig
     from zbrl.config.evaluation import EvalConfig
     from zbrl.config.launch import LaunchConfig
     from zbrl.config.model import ModelConfig
@@ -50,6 +51,8 @@ class RunSections(Protocol):
     def launch(self) -> LaunchConfig: ...
     @property
     def eval(self) -> EvalConfig: ...
+    @property
+    def environment(self) -> EnvironmentConfig | None: ...
 
 
 def check_train_batching(cfg: RunSections) -> None:
@@ -280,6 +283,25 @@ def check_correction(cfg: RunSections) -> None:
         )
 
 
+def check_inflight_updates(cfg: RunSections) -> None:
+    if not cfg.rollout.inflight_updates.enabled:
+        return
+    if cfg.rollout.backend.type == "vllm":
+        raise ValueError(
+            "rollout.inflight_updates.enabled=true needs the transformers backend: zbrl's vLLM "
+            "backend swaps weights only between generation batches (docs/algorithms.md, In-flight "
+            "weight updates); set rollout.backend=transformers, or "
+            "rollout.inflight_updates.enabled=false"
+        )
+    if cfg.environment is not None:
+        raise ValueError(
+            "rollout.inflight_updates.enabled=true with an environment: multi-turn episodes "
+            "swap weights only between generation batches (docs/algorithms.md, In-flight "
+            "weight updates); set rollout.inflight_updates.enabled=false, or remove "
+            "environment for single-turn responses"
+        )
+
+
 def check_proximal(cfg: RunSections) -> None:
     a = cfg.algorithm
     if a.proximal == "loglinear" and a.correction not in CORRECTIONS_WITH_PROXIMAL:
@@ -414,6 +436,7 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_weight_sync,
     check_correction,
     check_proximal,
+    check_inflight_updates,
     check_critic,
     check_step_start_pass,
     check_eval_sources,

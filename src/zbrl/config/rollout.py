@@ -75,6 +75,18 @@ class VllmBackend(Section):
 Backend = plugin_union(TransformersBackend, VllmBackend)
 
 
+class InflightUpdates(Section):
+    """Weight updates in the middle of a generation (docs/algorithms.md, In-flight weight
+    updates): the transformers backend generates in chunks and, between chunks, loads the newest
+    version the producer has received; every response token records the version that sampled
+    it."""
+
+    enabled: bool = False
+    """Swap weights between chunks of a generation (False: only between generation batches)."""
+    chunk_tokens: int = Field(default=8, ge=1)
+    """Tokens generated per chunk: how often a running generation checks for new weights."""
+
+
 class RolloutConfig(Section):
     """The producers' generation work."""
 
@@ -86,6 +98,8 @@ class RolloutConfig(Section):
     """Prompts per generate call (times G sequences)."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Sampling parameters."""
+    inflight_updates: InflightUpdates = Field(default_factory=InflightUpdates)
+    """New weights in the middle of a generation (transformers backend, single-turn tasks)."""
 
     @field_validator("backend", mode="before")
     @classmethod

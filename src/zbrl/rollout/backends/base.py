@@ -7,7 +7,7 @@ GPUs) plugs in without touching the Producer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -45,13 +45,35 @@ class Completion:
     """Decoded response (special tokens skipped)."""
     finish_reason: Literal["stop", "length"]
     """``stop``: EOS or a stop string ended it; ``length``: it hit ``max_new_tokens``."""
+    versions: torch.Tensor | None = None
+    """int64 [L]: the policy version that sampled each token (in-flight updates); None: the
+    version loaded when the generation started sampled every token."""
+
+
+@dataclass(frozen=True)
+class InflightSwap:
+    """How a generation takes new weights while it runs (in-flight updates)."""
+
+    chunk_tokens: int
+    """Tokens generated between two calls of ``swap``."""
+    swap: Callable[[], int]
+    """Loads the newest received version if there is one (through the backend's
+    ``load_weights``) and returns the version loaded now; called before the first chunk and
+    between chunks."""
 
 
 class InferenceBackend(Protocol):
     """Generation engine of a producer or evaluator."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """``params.n`` completions for each prompt, in prompt order."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        inflight: InflightSwap | None = None,
+    ) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, in prompt order. With ``inflight`` the
+        backend generates in chunks, calls ``inflight.swap`` between them and fills each
+        completion's ``versions``; backends that cannot raise ``ValueError``."""
         ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:

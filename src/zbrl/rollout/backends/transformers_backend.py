@@ -9,7 +9,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zbrl.models.kv_cache import cache_argument, left_pad, left_padded_positions, output_cache
-from zbrl.rollout.backends.base import Completion, SamplingParams
+from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+from zbrl.rollout.backends.inflight import ChunkedGeneration
 
 if TYPE_CHECKING:
     from zbrl.models.lora import AdapterMerger
@@ -49,7 +50,14 @@ class TransformersBackend:
             self.pad_id = next(iter(self.eos_ids))
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        inflight: InflightSwap | None = None,
+    ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt; with ``inflight``, generated in chunks with new
+        weights between them (:mod:`zbrl.rollout.backends.inflight`)."""
         if not prompts:
             return []
         input_ids, attention = self._left_pad(prompts)
@@ -76,18 +84,36 @@ class TransformersBackend:
             kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
         if per_prompt > 1 and input_ids.shape[1] > 1:
             input_ids, attention = self._prefill_once(input_ids, attention, per_prompt, kwargs)
-        out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
-        new_tokens_NL = out.sequences[:, input_ids.shape[1] :].cpu()
-        logits_LNV = torch.stack(out.logits, dim=0) if out.logits else None
-        temperature = 1.0 if greedy else params.temperature
-        logprobs_NL = self._sampled_logprobs(logits_LNV, new_tokens_NL, temperature)
-        completions = [
-            self._completion(new_tokens_NL[i], logprobs_NL[i], params)
-            for i in range(new_tokens_NL.shape[0])
-        ]
+        if inflight is not None:
+            if kwargs["num_return_sequences"] > 1:  # one-token prompts: no prefill to share
+                input_ids = input_ids.repeat_interleave(per_prompt, dim=0)
+                attention = attention.repeat_interleave(per_prompt, dim=0)
+                kwargs["num_return_sequences"] = 1
+            chunked = ChunkedGeneration(self, params, inflight)
+            completions = chunked.run(input_ids, attention, kwargs)
+        else:
+            completions = self._generate_once(input_ids, attention, kwargs, params)
         if greedy:
             return [[_copy(c) for _ in range(params.n)] for c in completions]
         return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _generate_once(
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        kwargs: dict,
+        params: SamplingParams,
+    ) -> list[Completion]:
+        """One ``generate`` call for the whole response (no weight swap inside)."""
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        new_tokens_NL = out.sequences[:, input_ids.shape[1] :].cpu()
+        logits_LNV = torch.stack(out.logits, dim=0) if out.logits else None
+        temperature = 1.0 if params.temperature == 0 else params.temperature
+        logprobs_NL = self._sampled_logprobs(logits_LNV, new_tokens_NL, temperature)
+        return [
+            self._completion(new_tokens_NL[i], logprobs_NL[i], params)
+            for i in range(new_tokens_NL.shape[0])
+        ]
 
     def _prefill_once(
         self, input_ids: torch.Tensor, attention: torch.Tensor, n: int, kwargs: dict
@@ -175,4 +201,5 @@ class TransformersBackend:
 
 
 def _copy(c: Completion) -> Completion:
-    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason)
+    versions = None if c.versions is None else c.versions.clone()
+    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason, versions)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from zbrl.rollout.backends.base import Completion, SamplingParams
+from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
 
 INSTALL_HINT = (
     "install vLLM next to zbrl: on CPU `make setup-vllm` (a .venv-vllm with "
@@ -121,7 +121,17 @@ class VllmBackend:
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        inflight: InflightSwap | None = None,
+    ) -> list[list[Completion]]:
+        if inflight is not None:
+            raise ValueError(
+                "the vLLM backend swaps weights only between generation batches; set "
+                "rollout.inflight_updates.enabled=false (or rollout.backend=transformers)"
+            )
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt

@@ -1,0 +1,173 @@
+"""In-flight weight updates for the transformers backend: generation in chunks, new weights
+between chunks (docs/algorithms.md, In-flight weight updates).
+
+Each chunk is one ``model.generate`` call of at most ``chunk_tokens`` new tokens that continues
+the previous one from its key/value cache (the prompt and the tokens so far as ``input_ids``, the
+cache covering all of them but the last), with the same logits processors, stopping criteria and
+random draws as one long call: with no new version the tokens and log-probs are those of the
+unchunked sampler. Between chunks the producer's ``swap`` loads a newer version if it has one.
+
+After a swap the cache is **recomputed** under the new weights (AReaL's choice): one forward pass
+over each sequence so far, so that every later token is sampled from the new policy given the
+whole prefix, and its log-prob is that policy's own (what the trainer recomputes, what the
+off-policy corrections divide by). Keeping the old cache (PipelineRL's choice) would skip that
+pass and sample from a mixture (new weights over old keys and values) whose log-probs no single
+policy version gives; it is the one-line change in :meth:`ChunkedGeneration._after_swap`.
+
+Rows that ended in an earlier chunk (EOS or a stop string) stay ended: ``generate`` starts every
+row as unfinished, so :class:`_RowEnds` stops them after one throw-away token (their response was
+cut where it ended; what follows is never read). A response ends where ``generate`` ended it: its
+first EOS, or the token on which transformers' stop-string rule matched (that rule also matches a
+stop string that ends inside the last token, e.g. ``/`` in a ``</answer>`` token).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers.generation.stopping_criteria import (
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+
+from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
+from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+
+if TYPE_CHECKING:
+    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+
+class _RowEnds(StoppingCriteria):
+    """``generate``'s stopping rule for stop strings, with memory across chunks: rows that ended
+    in an earlier chunk stop at once, and the response length at which each row's stop string
+    first matched is recorded (``generate`` pads a row after that token)."""
+
+    def __init__(self, rows: int, prompt_len: int, stop: StopStringCriteria | None) -> None:
+        self.prompt_len = prompt_len
+        self.stop = stop
+        self.ended_N = torch.zeros(rows, dtype=torch.bool)
+        """Rows that ended before the current chunk."""
+        self.stop_len_N = torch.full((rows,), -1, dtype=torch.long)
+        """Response length where a stop string first matched (-1: none yet)."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        done = self.ended_N.to(input_ids.device)
+        if self.stop is None:
+            return done
+        fired = self.stop(input_ids, scores).cpu() & ~self.ended_N & (self.stop_len_N < 0)
+        self.stop_len_N[fired] = input_ids.shape[1] - self.prompt_len
+        return done | fired.to(input_ids.device)
+
+
+class ChunkedGeneration:
+    """One chunked generation of already expanded rows (one row per sample)."""
+
+    def __init__(
+        self, backend: TransformersBackend, params: SamplingParams, inflight: InflightSwap
+    ) -> None:
+        self.backend = backend
+        self.params = params
+        self.inflight = inflight
+        self.temperature = 1.0 if params.temperature == 0 else params.temperature
+        stops = list(params.stop_strings)
+        self._stop = StopStringCriteria(backend.tokenizer, stops) if stops else None
+
+    @torch.no_grad()
+    def run(
+        self, input_ids: torch.Tensor, attention: torch.Tensor, kwargs: dict[str, Any]
+    ) -> list[Completion]:
+        """Completions of every row of ``input_ids`` (``kwargs``: the unchunked ``generate``
+        arguments, ``num_return_sequences=1``, possibly with a prefilled cache)."""
+        rows = input_ids.shape[0]
+        row_ends = _RowEnds(rows, input_ids.shape[1], self._stop)
+        ends: list[int | None] = [None] * rows
+        tokens: list[torch.Tensor] = []
+        logprobs: list[torch.Tensor] = []
+        versions: list[torch.Tensor] = []
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("stop_strings", "tokenizer")}
+        kwargs["stopping_criteria"] = StoppingCriteriaList([row_ends])
+        remaining = self.params.max_new_tokens
+        version = self.inflight.swap()
+        while True:
+            out = self.backend.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                **dict(kwargs, max_new_tokens=min(self.inflight.chunk_tokens, remaining)),
+            )
+            new_NC = out.sequences[:, input_ids.shape[1] :]
+            tokens.append(new_NC.cpu())
+            logits_CNV = torch.stack(out.logits, dim=0)
+            logprobs.append(
+                self.backend._sampled_logprobs(logits_CNV, tokens[-1], self.temperature)
+            )
+            versions.append(torch.full(new_NC.shape, version, dtype=torch.long))
+            remaining -= new_NC.shape[1]
+            input_ids = out.sequences
+            attention = torch.cat([attention, attention.new_ones(new_NC.shape)], dim=1)
+            self._mark_ended(torch.cat(tokens, dim=1), row_ends, ends)
+            if remaining <= 0 or bool(row_ends.ended_N.all()):
+                break
+            cache = output_cache(out)
+            newer = self.inflight.swap()
+            if newer != version:
+                cache = self._after_swap(input_ids, attention)
+                version = newer
+            kwargs[cache_argument(self.backend.model)] = cache
+        all_tokens = torch.cat(tokens, dim=1)
+        all_logprobs = torch.cat(logprobs, dim=1)
+        all_versions = torch.cat(versions, dim=1)
+        return [
+            self._completion(all_tokens[i], all_logprobs[i], all_versions[i], ends[i])
+            for i in range(rows)
+        ]
+
+    def _after_swap(self, input_ids: torch.Tensor, attention: torch.Tensor) -> Any:
+        """The cache the next chunk continues from, after new weights were loaded: recomputed
+        under them for every token but the last (which the next chunk feeds in)."""
+        head, head_mask = input_ids[:, :-1], attention[:, :-1]
+        out = self.backend.model(
+            input_ids=head,
+            attention_mask=head_mask,
+            position_ids=left_padded_positions(head_mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return output_cache(out)
+
+    def _mark_ended(
+        self, so_far_NL: torch.Tensor, row_ends: _RowEnds, ends: list[int | None]
+    ) -> None:
+        """Record the response length of each row that ended in this chunk, as ``generate``
+        ended it: at its first EOS (included) or where its stop string matched."""
+        eos = torch.tensor(sorted(self.backend.eos_ids))
+        for i in (~row_ends.ended_N).nonzero().flatten().tolist():
+            at_eos = torch.isin(so_far_NL[i], eos).nonzero().flatten()
+            candidates = [int(at_eos[0]) + 1] if at_eos.numel() else []
+            if row_ends.stop_len_N[i] >= 0:
+                candidates.append(int(row_ends.stop_len_N[i]))
+            if candidates:
+                ends[i] = min(candidates)
+                row_ends.ended_N[i] = True
+
+    def _completion(
+        self,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        versions: torch.Tensor,
+        end: int | None,
+    ) -> Completion:
+        if end is None:  # ran to max_new_tokens
+            length, stopped = self.backend._response_end(tokens, self.params.stop_strings)
+        else:
+            length, stopped = end, True
+        ids = tokens[:length].clone()
+        text = self.backend.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        return Completion(
+            ids,
+            logprobs[:length].clone(),
+            text,
+            "stop" if stopped else "length",
+            versions=versions[:length].clone(),
+        )
