@@ -39,7 +39,29 @@ class BroadcastSync(Section):
     """Seconds a single bucket broadcast may take before the group is declared broken."""
 
 
-WeightSyncConfig = plugin_union(ObjectStoreSync, BroadcastSync)
+class CudaIpcSync(Section):
+    """Weights pass as CUDA IPC handles to every producer (and the evaluator) whose process sees
+    the consumer's GPU on the same machine (e.g. both on one GPU with fractional
+    ``launch.producer_num_gpus`` / ``consumer_num_gpus``); any other receiver, and every receiver
+    when the consumer trains on CPU, gets them through the object store, with one log line
+    saying why. See docs/scaling.md, "The same-GPU handoff"."""
+
+    type: Literal["cuda_ipc"] = "cuda_ipc"
+    """Weight-sync discriminator."""
+    bucket_mb: float = Field(default=256.0, gt=0)
+    """Largest shared CUDA buffer in MiB: a version is cast to the inference dtype into flat
+    buffers of whole tensors, at most this large (one larger tensor gets its own), each shared
+    by one IPC handle."""
+    buffers: int = Field(default=2, ge=2)
+    """Sets of shared buffers the consumer keeps (each one copy of the weights in the inference
+    dtype, in the consumer's GPU memory): a version is written into a set no receiver is still
+    reading, so training waits only when every set is held."""
+    release_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds ``publish`` waits for a receiver to release a buffer set before the consumer
+    fails naming it (receivers whose process is gone are released at once)."""
+
+
+WeightSyncConfig = plugin_union(ObjectStoreSync, BroadcastSync, CudaIpcSync)
 """How new weights reach the producers and the evaluator."""
 
 

@@ -120,6 +120,30 @@ class WeightStoreClient:
     def latest_version(self) -> int:
         return self.handle.call(WeightStore.latest_version)
 
+    # receivers and holds of the CUDA handoff
+    def register_receiver(self, member: str, endpoint: Any) -> None:
+        self.handle.call(WeightStore.register_receiver, member, endpoint)
+
+    def unregister_receiver(self, member: str) -> None:
+        self.handle.call(WeightStore.unregister_receiver, member)
+
+    def receivers(self) -> dict[str, Any]:
+        return self.handle.call(WeightStore.receivers)
+
+    def acquire_newer(self, member: str, have: int, timeout: float) -> WeightsMessage | None:
+        return self.handle.call(
+            WeightStore.acquire_newer, member, have, timeout, timeout=timeout + 60
+        )
+
+    def release(self, member: str, version: int) -> None:
+        self.handle.call(WeightStore.release, member, version)
+
+    def holders(self) -> dict[int, list[str]]:
+        return self.handle.call(WeightStore.holders)
+
+    def drop_holds(self, member: str) -> None:
+        self.handle.call(WeightStore.drop_holds, member)
+
     # broadcast group membership
     def request_join(self, member: str) -> int:
         return self.handle.call(WeightStore.request_join, member)

@@ -91,3 +91,30 @@ def flatten(named_tensors: Mapping[str, torch.Tensor], layout: Layout) -> torch.
 def unflatten(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
     """Every tensor of ``layout`` as a view of ``flat``."""
     return {slot.name: _view(flat, slot) for slot in layout.slots}
+
+
+def plan_buckets(
+    named_tensors: Mapping[str, torch.Tensor], bucket_bytes: int, dtype: torch.dtype | None = None
+) -> list[Layout]:
+    """Split ``named_tensors`` (in their order) into groups of whole tensors of at most
+    ``bucket_bytes`` each (a tensor larger than that is a group of its own), one
+    :class:`Layout` per group: each group is a separate flat buffer (the CUDA handoff shares one
+    handle per buffer), so no tensor straddles two of them. ``dtype`` as in :func:`plan_layout`."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    for name, tensor in named_tensors.items():
+        slot_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        nbytes = -(-tensor.numel() * slot_dtype.itemsize // ALIGN) * ALIGN
+        if groups[-1] and used + nbytes > bucket_bytes:
+            groups.append({})
+            used = 0
+        groups[-1][name] = tensor
+        used += nbytes
+    layouts = []
+    for group in groups:
+        if group:
+            layout = plan_layout(group, bucket_bytes, dtype)
+            layouts.append(Layout(layout.slots, layout.total_bytes, max(1, layout.total_bytes)))
+    return layouts

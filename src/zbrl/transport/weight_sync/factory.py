@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from zbrl.config.transport import WeightSyncConfig
+from zbrl.config.transport import CudaIpcSync, WeightSyncConfig
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.weight_sync.base import WeightPublisher, WeightReceiver
@@ -14,6 +14,7 @@ from zbrl.transport.weight_sync.broadcast import (
     BroadcastReceiver,
     BroadcastSettings,
 )
+from zbrl.transport.weight_sync.cuda_ipc import CudaIpcPublisher, CudaIpcReceiver
 from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver
 
 
@@ -33,6 +34,15 @@ def build_publisher(
         return ObjectStorePublisher(store, recorder, dtype)
     if sync.type == "broadcast":
         return BroadcastPublisher(store, _need(broadcast), recorder, dtype)
+    if isinstance(sync, CudaIpcSync):
+        return CudaIpcPublisher(
+            store,
+            recorder,
+            dtype,
+            bucket_bytes=max(1, int(sync.bucket_mb * 2**20)),
+            buffers=sync.buffers,
+            release_timeout_s=sync.release_timeout_s,
+        )
     raise ValueError(f"transport.weight_sync.type={sync.type!r} has no implementation")
 
 
@@ -47,13 +57,16 @@ def build_receiver(
 ) -> WeightReceiver:
     """A producer's or the evaluator's receiver; ``initial_version`` is the version its backend
     already holds (0 when it starts from the checkpoint the consumer starts from); ``member``
-    names it in the broadcast group (e.g. ``producer-1``)."""
+    names it in the broadcast group and among the CUDA handoff's receivers (e.g.
+    ``producer-1``)."""
     if sync.type == "object_store":
         return ObjectStoreReceiver(store, recorder, initial_version=initial_version)
     if sync.type == "broadcast":
         return BroadcastReceiver(
             store, _need(broadcast), member, recorder, initial_version=initial_version
         )
+    if sync.type == "cuda_ipc":
+        return CudaIpcReceiver(store, member, recorder, initial_version=initial_version)
     raise ValueError(f"transport.weight_sync.type={sync.type!r} has no implementation")
 
 

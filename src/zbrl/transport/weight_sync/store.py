@@ -4,6 +4,9 @@ membership and rendezvous (a plain class; an actor in runs, reached through
 
 Publishers announce each version here (:mod:`zbrl.transport.weight_sync.object_store`), receivers
 long-poll it; the broadcast group (:mod:`zbrl.transport.weight_sync.broadcast`) forms through it.
+The CUDA handoff (:mod:`zbrl.transport.weight_sync.cuda_ipc`) keeps its receivers' endpoints here
+and their *holds*: the versions whose shared buffers a receiver may still read, which the publisher
+must not rewrite.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class WeightStore:
         self._join_seq = 0
         self._group: Any = None
         self._kv: dict[str, bytes] = {}  # the broadcast group's rendezvous (a c10d store)
+        self._receivers: dict[str, Any] = {}  # CUDA handoff: member -> its Endpoint
+        self._holds: dict[str, set[int]] = {}  # CUDA handoff: member -> versions it may read
 
     def put(self, message: WeightsMessage) -> bool:
         """Announce ``message``; False (and ignored) when it is not newer than the latest."""
@@ -57,6 +62,57 @@ class WeightStore:
     def latest(self) -> WeightsMessage | None:
         with self._lock:
             return self._latest
+
+    # receivers and holds of the CUDA handoff (zbrl.transport.weight_sync.cuda_ipc)
+    def register_receiver(self, member: str, endpoint: Any) -> None:
+        """``member`` receives from now on, at ``endpoint`` (a restart replaces the old entry
+        and drops its holds)."""
+        with self._lock:
+            self._receivers[member] = endpoint
+            self._holds.pop(member, None)
+            self._lock.notify_all()
+
+    def unregister_receiver(self, member: str) -> None:
+        with self._lock:
+            self._receivers.pop(member, None)
+            self._holds.pop(member, None)
+            self._lock.notify_all()
+
+    def receivers(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._receivers)
+
+    def acquire_newer(self, member: str, have: int, timeout: float) -> WeightsMessage | None:
+        """The latest announcement once its version is newer than ``have`` (None after
+        ``timeout``), held for ``member`` in the same step: the publisher sees the hold before it
+        could rewrite that version's buffers."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._version() > have, timeout=timeout)
+            if self._latest is None or self._latest.version <= have:
+                return None
+            self._holds.setdefault(member, set()).add(self._latest.version)
+            return self._latest
+
+    def release(self, member: str, version: int) -> None:
+        """``member`` no longer reads ``version``'s buffers."""
+        with self._lock:
+            self._holds.get(member, set()).discard(version)
+            self._lock.notify_all()
+
+    def holders(self) -> dict[int, list[str]]:
+        """Held versions and the members holding each."""
+        with self._lock:
+            held: dict[int, list[str]] = {}
+            for member, versions in self._holds.items():
+                for version in versions:
+                    held.setdefault(version, []).append(member)
+            return held
+
+    def drop_holds(self, member: str) -> None:
+        """Forget ``member``'s holds (its process is gone)."""
+        with self._lock:
+            self._holds.pop(member, None)
+            self._lock.notify_all()
 
     # group membership of broadcast weight sync (zbrl.transport.weight_sync.broadcast)
     def request_join(self, member: str) -> int:
