@@ -42,7 +42,8 @@ class RolloutGroup:
     truncated: list[bool]
     """True where a completion hit ``max_new_tokens`` without EOS or a stop string."""
     policy_version: int
-    """Version of the weights that generated every completion of the group."""
+    """The oldest version of the weights that generated any token of the group (every token
+    when ``token_versions`` is None): the staleness bound is checked against it."""
     temperature: float
     """Sampling temperature in force for this group (the trainer uses the same one)."""
     producer: int
@@ -65,10 +66,20 @@ class RolloutGroup:
     env_counts: dict[str, float] = field(default_factory=dict)
     """Multi-turn episodes: events summed over the group (turns, tool calls, tool errors, turn
     and token limits), reported as ``env/<name>`` metrics."""
+    token_versions: list[torch.Tensor] | None = None
+    """G int64 tensors, each [L_i]: the policy version that sampled each response token
+    (in-flight updates change it inside a response; never below ``policy_version``); None: every
+    token has ``policy_version``. Read it through :meth:`versions`."""
 
     @property
     def group_size(self) -> int:
         return len(self.response_ids)
+
+    def versions(self, g: int) -> torch.Tensor:
+        """int64 [L_g]: the version of each token of completion ``g``."""
+        if self.token_versions is not None:
+            return self.token_versions[g]
+        return torch.full((int(self.response_ids[g].numel()),), self.policy_version)
 
     def __getstate__(self) -> dict[str, Any]:
         # One flat tensor per field instead of 2·G small ones: pickling (Ray's wire format) pays a
@@ -79,11 +90,13 @@ class RolloutGroup:
         state["behaviour_logprobs"] = (_flat(self.behaviour_logprobs, torch.float32), lengths)
         if self.loss_masks is not None:
             state["loss_masks"] = (_flat(self.loss_masks, torch.bool), lengths)
+        if self.token_versions is not None:
+            state["token_versions"] = (_flat(self.token_versions, torch.long), lengths)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        for key in ("response_ids", "behaviour_logprobs", "loss_masks"):
-            if state.get(key) is None:  # loss_masks of single-turn groups (or older pickles)
+        for key in ("response_ids", "behaviour_logprobs", "loss_masks", "token_versions"):
+            if state.get(key) is None:  # optional fields unset (or absent from older pickles)
                 state[key] = None
                 continue
             flat, lengths = state[key]

@@ -155,3 +155,20 @@ def test_greedy_copies_carry_their_versions(backend):
     assert [c.versions.tolist() for c in out[0]] == [[2] * out[0][0].token_ids.numel()] * 3
     out[0][0].versions[0] = 9
     assert out[0][1].versions[0] == 2  # copies, not views
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fix"),
+    [
+        (["rollout.backend=vllm"], "rollout.backend=transformers"),
+        (["environment=tools"], "rollout.inflight_updates.enabled=false"),
+    ],
+)
+def test_inflight_updates_are_refused_where_they_do_not_apply(overrides, fix):
+    from zbrl.config import ConfigError, load_config
+
+    assert not load_config(None, []).rollout.inflight_updates.enabled  # off by default
+    load_config(None, ["rollout.inflight_updates.enabled=true"])
+    with pytest.raises(ConfigError, match="rollout.inflight_updates.enabled=true") as info:
+        load_config(None, ["rollout.inflight_updates.enabled=true", *overrides])
+    assert fix in str(info.value)

@@ -408,3 +408,59 @@ def test_reward_timeouts_are_counted_per_group_and_summed_in_the_batch_metrics(r
     assert status == "batch"
     assert [g.reward_timeouts for g in batch.groups] == [2, 2]  # 2 of G=4 truncated per group
     assert batch.raw_metrics["reward_timeouts"] == 4.0
+
+
+class ChunkingBackend(StubBackend):
+    """With in-flight updates: asks for weights before its first token and after it (``between``
+    runs in the pause, e.g. publishing a version), and tags each token with the version it got."""
+
+    def __init__(self, between):
+        super().__init__()
+        self.between = between
+        self.inflight_calls = 0
+
+    def generate(self, prompts, params, inflight=None):
+        if inflight is None:
+            return super().generate(prompts, params)
+        self.inflight_calls += 1
+        first = inflight.swap()
+        self.between()
+        second = inflight.swap()
+        out = super().generate(prompts, params)
+        for comps in out:
+            for c in comps:
+                n = c.token_ids.numel()
+                c.versions = torch.tensor([first] + [second] * (n - 1), dtype=torch.long)[:n]
+        return out
+
+
+def test_inflight_updates_swap_weights_inside_a_generation(rig_factory):
+    rig = rig_factory(num_prompts=2)
+    producer, _, _ = rig.producer(inflight_chunk_tokens=1, inference_batch_size=1)
+    receiver = rig.receivers[-1]
+
+    def publish_once():
+        if receiver.loaded_version == 0:
+            rig.publish(1, w=0.5)
+            assert receiver.wait_for(1, timeout=WAIT)
+
+    backend = ChunkingBackend(publish_once)
+    producer.backend = backend
+    assert producer.step() and producer.step()
+    groups, _ = rig.take_all(2)
+    first, second = sorted(groups, key=lambda g: g.ticket)
+    assert [v.tolist() for v in first.token_versions] == [[0], [0, 1], [0, 1, 1], [0, 1, 1]]
+    assert first.policy_version == 0  # the oldest token's
+    assert [v.tolist() for v in second.token_versions] == [[1], [1, 1], [1, 1, 1], [1, 1, 1]]
+    assert second.policy_version == 1
+    assert backend.loaded and float(backend.loaded[0]["w"]) == 0.5
+    assert producer.versions_loaded == 1 and backend.inflight_calls == 2
+
+
+def test_without_inflight_updates_generate_gets_no_swap_and_groups_one_version(rig_factory):
+    rig = rig_factory(num_prompts=2)
+    producer, backend, _ = rig.producer()
+    producer.run()  # StubBackend.generate takes no ``inflight`` keyword: none may be passed
+    groups, _ = rig.take_all(2)
+    assert len(groups) == 2 and len(backend.generate_calls) == 2
+    assert all(g.token_versions is None and g.policy_version == 0 for g in groups)

@@ -118,25 +118,27 @@ def is_surrogate(
 
 
 def loglinear_proximal(
-    behaviour_BT: torch.Tensor, current_BT: torch.Tensor, alpha_B: torch.Tensor
+    behaviour_BT: torch.Tensor, current_BT: torch.Tensor, alpha: torch.Tensor
 ) -> torch.Tensor:
     """AReaL's log-linear approximation of the proximal log-probs (no forward pass):
-    ``log π_prox ≈ log π_behav + α·(log π - log π_behav)`` per sequence, where
+    ``log π_prox ≈ log π_behav + α·(log π - log π_behav)``, where
     ``α = (v_prox - v_behav) / (v_current - v_behav)`` measures policy versions (see
-    :func:`loglinear_alpha`). Detached."""
-    alpha_B1 = alpha_B.to(current_BT.device, torch.float32).view(-1, 1)
+    :func:`loglinear_alpha`): one ``α`` per sequence (``[B]``) or per token (``[B, T]``, for
+    responses whose tokens come from several versions). Detached."""
+    alpha = alpha.to(current_BT.device, torch.float32)
+    alpha = alpha.view(-1, 1) if alpha.dim() == 1 else alpha
     behaviour_BT = behaviour_BT.detach().float()
-    return behaviour_BT + alpha_B1 * (current_BT.detach().float() - behaviour_BT)
+    return behaviour_BT + alpha * (current_BT.detach().float() - behaviour_BT)
 
 
-def loglinear_alpha(behind_B: torch.Tensor, updates_done: int) -> torch.Tensor:
-    """``α`` of :func:`loglinear_proximal` for sequences generated ``behind_B`` optimizer steps
-    before the step start, ``updates_done`` optimizer steps into the current batch:
-    ``behind / (behind + updates_done)``, and 1 when both are 0 (the current policy *is* the
-    proximal one)."""
-    behind_B = behind_B.to(torch.float32)
-    total_B = behind_B + updates_done
-    return torch.where(total_B > 0, behind_B / total_B.clamp_min(1e-12), 1.0)
+def loglinear_alpha(behind: torch.Tensor, updates_done: int) -> torch.Tensor:
+    """``α`` of :func:`loglinear_proximal` for sequences (``[B]``) or tokens (``[B, T]``)
+    generated ``behind`` optimizer steps before the step start, ``updates_done`` optimizer steps
+    into the current batch: ``behind / (behind + updates_done)``, and 1 when both are 0 (the
+    current policy *is* the proximal one)."""
+    behind = behind.to(torch.float32)
+    total = behind + updates_done
+    return torch.where(total > 0, behind / total.clamp_min(1e-12), 1.0)
 
 
 @torch.no_grad()

@@ -55,6 +55,11 @@ def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
         shuffle=cfg.data.shuffle,
         final_temperature=schedule.final if schedule else None,
         anneal_fraction=schedule.over_fraction if schedule else 1.0,
+        inflight_chunk_tokens=(
+            cfg.rollout.inflight_updates.chunk_tokens
+            if cfg.rollout.inflight_updates.enabled
+            else None
+        ),
     )
 
 

@@ -361,6 +361,7 @@ def build_summary(
     staleness = [
         m["staleness_mean"] for m in monitor.step_metrics.values() if "staleness_mean" in m
     ]
+    token_staleness = [m for m in monitor.step_metrics.values() if "token_staleness_mean" in m]
     return {
         "wall_s": end - start,
         "steps": steps,
@@ -369,6 +370,14 @@ def build_summary(
         "producer_idle_frac": idle.get("producer"),
         "consumer_idle_frac": idle.get("consumer"),
         "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0,
+        "mean_token_staleness": (
+            sum(m["token_staleness_mean"] for m in token_staleness) / len(token_staleness)
+            if token_staleness
+            else 0.0
+        ),
+        "max_token_staleness": max(
+            (m["token_staleness_max"] for m in token_staleness), default=0.0
+        ),
         "overlap_efficiency": figures.overlap_efficiency if figures else None,
         "producer_generate_frac": figures.producer_generate_frac if figures else None,
         "overlap": figures.as_dict() if figures else None,

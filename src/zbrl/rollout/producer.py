@@ -4,12 +4,16 @@ Loop: reserve admission from the buffer → make sure the loaded weights are rec
 reserved tickets (the staleness bound) and swap in the newest fetched version → generate G
 completions per prompt → score them (a whole chunk in one call) → push one RolloutGroup per
 prompt. Receiving weights happens in a background thread (a ``WeightReceiver`` of
-:mod:`zbrl.transport.weight_sync`); loading them happens here, between generation batches.
+:mod:`zbrl.transport.weight_sync`); loading them happens here, between generation batches, and
+with in-flight updates (``rollout.inflight_updates``) also between chunks of a running
+generation: each response token then records the version that sampled it
+(``RolloutGroup.token_versions``) and the group's ``policy_version`` is its oldest token's.
 
 With an environment (``episodes``, docs/environments.md) "generate" runs whole multi-turn
 episodes: each completion is then the episode's tokens after the prompt with a loss mask over the
 model's turns, scored on its last model turn plus the environment's turn rewards. Every turn of a
-batch's episodes is generated with the same weights (they are swapped between batches only).
+batch's episodes is generated with the same weights (they are swapped between batches only, even
+with in-flight updates on, which the config refuses for environments).
 """
 
 from __future__ import annotations
@@ -19,11 +23,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from zbrl.data.sampler import ShardedSampler
 from zbrl.environments import runner as episode_runner  # a module: runner imports rollout too
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rng import rng_state, set_rng_state
-from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
+from zbrl.rollout.backends.base import (
+    Completion,
+    InferenceBackend,
+    InflightSwap,
+    SamplingParams,
+)
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightReceiver
@@ -51,6 +62,9 @@ class ProducerSettings:
     """Temperature reached by annealing over the first epoch (None: no annealing)."""
     anneal_fraction: float
     """Fraction of the first epoch over which the temperature anneals."""
+    inflight_chunk_tokens: int | None
+    """In-flight updates: generate in chunks of this many tokens and load newer weights between
+    them (None: only between generation batches)."""
 
 
 @dataclass
@@ -187,8 +201,22 @@ class Producer:
             with self.recorder.span(WAIT_FOR_WEIGHTS, reason="staleness", need=min_version):
                 while not self.receiver.wait_for(min_version, timeout=POLL_TIMEOUT_S):
                     pass
+        self._swap_in()
+
+    def _swap_in(self) -> int:
+        """Load the newest received version if it is newer than the loaded one; the version
+        loaded now."""
         if self.receiver.receive_into(self.backend.load_weights):
             self.versions_loaded += 1
+        return self.receiver.loaded_version
+
+    def _inflight_kwargs(self) -> dict[str, InflightSwap]:
+        """``generate``'s keyword for in-flight updates: none when they are off (a backend
+        without them keeps its plain signature) or for episodes (swapped between batches)."""
+        chunk = self.settings.inflight_chunk_tokens
+        if chunk is None or self.episodes is not None:
+            return {}
+        return {"inflight": InflightSwap(chunk_tokens=chunk, swap=self._swap_in)}
 
     def _next_prompts(self, n: int) -> list[tuple[EncodedPrompt, int, float]]:
         out = []
@@ -214,7 +242,9 @@ class Producer:
             if self.episodes is not None:
                 completions = self.episodes.run([p for p, _, _ in chunk], params, version)
             else:
-                completions = self.backend.generate([p.prompt_ids for p, _, _ in chunk], params)
+                completions = self.backend.generate(
+                    [p.prompt_ids for p, _, _ in chunk], params, **self._inflight_kwargs()
+                )
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
             scored = self._score(chunk, completions)
         return [
@@ -282,6 +312,9 @@ class Producer:
     ) -> RolloutGroup:
         episodes = [c for c in completions if isinstance(c, episode_runner.EpisodeCompletion)]
         multi_turn = bool(episodes) and len(episodes) == len(completions)
+        token_versions = _token_versions(completions, version)
+        if token_versions is not None:
+            version = min((int(v.min()) for v in token_versions if v.numel()), default=version)
         return RolloutGroup(
             uid=f"{prompt.uid}@e{epoch}",
             prompt_ids=list(prompt.prompt_ids),
@@ -301,7 +334,21 @@ class Producer:
             loss_masks=[c.loss_mask for c in episodes] if multi_turn else None,
             episodes=[c.turns for c in episodes] if multi_turn else None,
             env_counts=episode_runner.sum_counts(episodes) if multi_turn else {},
+            token_versions=token_versions,
         )
+
+
+def _token_versions(completions: list[Completion], version: int) -> list[torch.Tensor] | None:
+    """Each completion's per-token versions when the backend recorded them (in-flight
+    updates; a completion without them was sampled by ``version``), else None."""
+    if all(c.versions is None for c in completions):
+        return None
+    return [
+        c.versions
+        if c.versions is not None
+        else torch.full((int(c.token_ids.numel()),), version, dtype=torch.long)
+        for c in completions
+    ]
 
 
 def _take(stream: Iterator[tuple[int, int]], n: int) -> list[tuple[int, int]]:

@@ -211,6 +211,9 @@ class Consumer:
                     "rewards": group.rewards,
                     "ans_acc": group.ans_acc,
                     "truncated": group.truncated,
+                    "version_changes": [
+                        version_changes(group.versions(g)) for g in range(group.group_size)
+                    ],
                     **_episode_fields(group),
                 }
             )
@@ -278,6 +281,33 @@ class Consumer:
         set_rng_state(state["rng"])
 
 
+def version_changes(versions: torch.Tensor) -> list[list[int]]:
+    """``[[token_index, version], ...]``: the first token of a response and every token whose
+    version differs from the one before it (one entry: one version sampled the whole
+    response; ``[]`` for an empty one). For the rollout log."""
+    values = versions.tolist()
+    return [[i, v] for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
+def token_staleness(groups: list, trained_at: int) -> dict[str, float]:
+    """Per-token staleness of a batch: ``trained_at`` minus the version that sampled each model
+    token (environment tokens of episodes excluded), its mean and maximum over the tokens."""
+    behind = []
+    for group in groups:
+        for g in range(group.group_size):
+            versions = group.versions(g)
+            if group.loss_masks is not None:
+                versions = versions[group.loss_masks[g].bool()]
+            behind.append(trained_at - versions)
+    flat = torch.cat(behind) if behind else torch.zeros(0, dtype=torch.long)
+    if not flat.numel():
+        return {"token_staleness_mean": 0.0, "token_staleness_max": 0.0}
+    return {
+        "token_staleness_mean": float(flat.float().mean()),
+        "token_staleness_max": float(flat.max()),
+    }
+
+
 def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[str, float]:
     groups = batch.groups
     behind = [trained_at - g.policy_version for g in groups]
@@ -295,6 +325,7 @@ def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[s
         "train_tokens_per_s": tokens / train_s if train_s > 0 else 0.0,
         "truncated_frac": sum(t for g in groups for t in g.truncated) / count,
     }
+    out.update(token_staleness(groups, trained_at))
     # reward, format_acc, ans_acc, response_length (pre-filter means), reward_timeouts (a count)
     out.update(batch.raw_metrics)
     out.update(_env_metrics(groups, count))

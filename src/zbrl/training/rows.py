@@ -24,7 +24,7 @@ class Row:
     temperature: float
     trained: bool  # False: excluded from the loss (truncated or filtered in the loss)
     reward: float
-    behind: int  # policy versions between the one that generated it and the trained one
+    behind: int  # policy versions between its oldest token's and the trained one
     # Filled at the start of a step when the algorithm needs them (all float32 [L]):
     proximal_logprobs: torch.Tensor | None = None  # step-start policy (decoupled correction)
     ref_logprobs: torch.Tensor | None = None  # reference policy (KL folded into the reward)
@@ -34,6 +34,9 @@ class Row:
     # Multi-turn episodes: bool [L], True on the model's tokens (environment tokens are part of
     # the sequence but outside the loss); None: every response token is the model's.
     loss_mask: torch.Tensor | None = None
+    # int64 [L]: policy versions between each token's and the trained one (in-flight updates
+    # make them differ inside a response); None: ``behind`` for every token.
+    token_behind: torch.Tensor | None = None
 
     def trained_tokens(self) -> int:
         """Response tokens in the loss (0 for a row outside it)."""
@@ -57,7 +60,8 @@ class MicroBatch:
     old_logprobs_BT: torch.Tensor
     advantages_B: torch.Tensor
     temperatures_B: torch.Tensor
-    behind_B: torch.Tensor  # int64
+    behind_B: torch.Tensor  # int64: each row's oldest token's
+    behind_BT: torch.Tensor  # int64: each token's (0 at padding)
     # Present when every row of the micro-batch has the field (see Row); 0 at padding.
     proximal_logprobs_BT: torch.Tensor | None = None
     old_values_BT: torch.Tensor | None = None
@@ -81,7 +85,7 @@ def build_rows(
     """One row per completion; ``loss_filter_range`` masks whole groups in the loss (used when
     the buffer does not filter them, i.e. ``dynamic_batching`` is off). ``trained_version`` is
     the version of the policy being trained (each row's ``behind`` is measured from it; 0 when
-    not given)."""
+    not given), and each token's ``token_behind`` from the version that sampled it."""
     rows: list[Row] = []
     for b, group in enumerate(groups):
         group_kept = group_in_accuracy_range(group.ans_acc, loss_filter_range)
@@ -99,6 +103,9 @@ def build_rows(
                     if trained_version is None
                     else max(0, trained_version - group.policy_version),
                     loss_mask=None if group.loss_masks is None else group.loss_masks[g],
+                    token_behind=None
+                    if trained_version is None
+                    else (trained_version - group.versions(g)).clamp_min(0),
                 )
             )
     return rows
@@ -116,10 +123,12 @@ def collate(rows: list[Row], pad_id: int, *, share_prompts: bool = False) -> Mic
         targets = input_ids[:, 1:]
     mask = torch.zeros(targets.shape, dtype=torch.bool)
     old = torch.zeros(targets.shape, dtype=torch.float32)
+    behind = torch.zeros(targets.shape, dtype=torch.long)
     for i, r in enumerate(rows):
         span = response_span(r, shared=share_prompts)
         mask[i, span] = r.trained if r.loss_mask is None else r.loss_mask & r.trained
         old[i, span] = r.old_logprobs
+        behind[i, span] = r.behind if r.token_behind is None else r.token_behind
     return MicroBatch(
         input_ids_BT=input_ids,
         attention_BT=attention,
@@ -129,6 +138,7 @@ def collate(rows: list[Row], pad_id: int, *, share_prompts: bool = False) -> Mic
         advantages_B=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
         temperatures_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32),
         behind_B=torch.tensor([r.behind for r in rows], dtype=torch.long),
+        behind_BT=behind,
         proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape, share_prompts),
         old_values_BT=_padded(rows, "old_values", old.shape, share_prompts),
         returns_BT=_padded(rows, "returns", old.shape, share_prompts),

@@ -16,7 +16,7 @@ from zbrl.algorithms.aggregation import Normalisers
 from zbrl.algorithms.correction import loglinear_alpha, loglinear_proximal
 from zbrl.algorithms.gae import value_loss
 from zbrl.algorithms.logprobs import logprobs_and_entropy
-from zbrl.algorithms.mismatch import mismatch_metrics
+from zbrl.algorithms.mismatch import split_mismatch_metrics
 from zbrl.algorithms.policy_loss import LossConfig, LossInputs, LossOutputs, compute_policy_loss
 from zbrl.training.engine.base import Engine
 from zbrl.training.rows import (
@@ -180,12 +180,14 @@ class Trainer:
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
                 mb = collate(micro_rows, s.pad_id, share_prompts=s.micro.share_prompts)
-                out = self._micro_step(mb, norm, steps_per_batch)
+                out, parts = self._micro_step(mb, norm, steps_per_batch)
                 engine.backward(out.loss)
                 if s.critic is not None:
                     out.metrics.update(self._critic_micro_step(mb, norm))
             loss_sum += float(out.loss.detach())
             weighted.add(out.metrics, weight=out.metrics.get("num_tokens", 0.0))
+            for part, tokens_in_part in parts:  # mismatch / drift, each over its own tokens
+                weighted.add(part, weight=tokens_in_part)
         lr = engine.current_lr()
         grad_norm = engine.clip_and_step(s.max_norm)
         metrics = weighted.reduced(engine).means()
@@ -195,7 +197,11 @@ class Trainer:
         metrics.update(loss=loss, grad_norm=grad_norm, lr=lr, trained_tokens=trained)
         return metrics
 
-    def _micro_step(self, mb: MicroBatch, norm: Normalisers, steps_per_batch: int) -> LossOutputs:
+    def _micro_step(
+        self, mb: MicroBatch, norm: Normalisers, steps_per_batch: int
+    ) -> tuple[LossOutputs, list[tuple[dict[str, float], float]]]:
+        """The loss of one micro-batch and the mismatch / drift metrics with their token
+        counts (see :func:`split_mismatch_metrics`)."""
         s = self.settings
         dev = self.engine.device
         inputs = mb.model_inputs().to(dev)
@@ -222,18 +228,20 @@ class Trainer:
             proximal_logprobs_BT=self._proximal(mb, old_logp, logp, steps_per_batch),
         )
         out = compute_policy_loss(s.policy_loss, inputs, s.loss, norm)
-        # the producer's log-probs (rows' behaviour log-probs) against this recomputation
-        out.metrics.update(mismatch_metrics(logp, old_logp, inputs.mask_BT))
-        return out
+        # the producer's log-probs (rows' behaviour log-probs) against this recomputation: the
+        # weights computing it are the trained version only before the batch's first update
+        behind_BT = mb.behind_BT.to(dev)
+        same_weights_BT = (behind_BT == 0) & (self._updates_in_batch == 0)
+        return out, split_mismatch_metrics(logp, old_logp, inputs.mask_BT, same_weights_BT)
 
     def _proximal(
         self, mb: MicroBatch, old_logp: torch.Tensor, logp: torch.Tensor, steps_per_batch: int
     ) -> torch.Tensor | None:
         """The proximal log-probs: recomputed at the step start, or AReaL's log-linear
         interpolation by policy version (in optimizer steps)."""
-        if self._loglinear:
-            alpha_B = loglinear_alpha(mb.behind_B * steps_per_batch, self._updates_in_batch)
-            return loglinear_proximal(old_logp, logp, alpha_B)
+        if self._loglinear:  # per token: in-flight responses mix versions
+            alpha_BT = loglinear_alpha(mb.behind_BT * steps_per_batch, self._updates_in_batch)
+            return loglinear_proximal(old_logp, logp, alpha_BT)
         if mb.proximal_logprobs_BT is None:
             return None
         return mb.proximal_logprobs_BT.to(self.engine.device)

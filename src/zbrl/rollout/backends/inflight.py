@@ -23,7 +23,7 @@ stop string that ends inside the last token, e.g. ``/`` in a ``</answer>`` token
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers.generation.stopping_criteria import (
@@ -34,9 +34,6 @@ from transformers.generation.stopping_criteria import (
 
 from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-
-if TYPE_CHECKING:
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
 
 class _RowEnds(StoppingCriteria):
@@ -64,9 +61,9 @@ class _RowEnds(StoppingCriteria):
 class ChunkedGeneration:
     """One chunked generation of already expanded rows (one row per sample)."""
 
-    def __init__(
-        self, backend: TransformersBackend, params: SamplingParams, inflight: InflightSwap
-    ) -> None:
+    def __init__(self, backend: Any, params: SamplingParams, inflight: InflightSwap) -> None:
+        """``backend``: the :class:`~zbrl.rollout.backends.transformers_backend.TransformersBackend`
+        whose model, tokenizer and response-end rule the chunks use."""
         self.backend = backend
         self.params = params
         self.inflight = inflight
