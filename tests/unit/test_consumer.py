@@ -225,6 +225,7 @@ def test_consumer_steps_publish_advance_and_metrics(
     assert record["prompt"] == tokenizer.decode(group3.prompt_ids, skip_special_tokens=False)
     assert record["responses"] == [f"resp-3-{j}" for j in range(4)]
     assert record["rewards"] == [1.0, 0.0, 1.0, 0.0]
+    assert record["version_changes"] == [[[0, 0]]] * 4  # one version per response
 
 
 def test_a_step_borrows_parked_producers_threads_and_gives_them_back(tiny_model_dir, tmp_path):

@@ -12,6 +12,13 @@ weights of at least version ``e // groups_per_step - max_staleness``. Together t
 no group trained at version v was generated before version v - max_staleness; ``take`` re-checks
 the bound and drops (and counts) any group that would break it.
 
+Per-token versions (in-flight updates, ``RolloutGroup.token_versions``) leave this rule as it is:
+a group's ``policy_version`` is the version of its *oldest* token. A producer loads at least the
+reservation's version before it starts and versions only go up while it generates, so every
+token's version is at or above the group's, which is at or above the reservation's minimum; the
+bound checked on the oldest token therefore holds for every token, and a group is never dropped
+as stale because of tokens that newer weights sampled.
+
 Data-parallel consumers (``ranks > 1`` in ``take``) train one batch per step together: the first
 rank that asks for step ``s`` pops the batch exactly as a single consumer would (same ticket
 order, same staleness check, counted once) and the buffer keeps it until every rank has taken it;
