@@ -41,7 +41,7 @@ def weights(version: float, dtype=torch.float32) -> dict[str, torch.Tensor]:
 
 
 def source_at(gpu: str | None = GPU, host: str = HOST):
-    return lambda device: Endpoint(host, (gpu,) if gpu else (), gpu, os.getpid())
+    return lambda device: Endpoint(host, (gpu,) if gpu else (), gpu, os.getppid())  # another pid
 
 
 def sink(gpus=(GPU,), host: str = HOST, pid: int | None = None) -> Endpoint:
@@ -172,6 +172,7 @@ def test_routes_pick_ipc_only_when_the_receiver_sees_the_consumer_gpu():
         "not on a CUDA device": (Endpoint(HOST, (), None, 1), sink()),
         "runs on another machine (node-b": (src, sink(host="node-b/boot-9")),
         "sees no CUDA device": (src, sink(())),
+        "runs in the consumer's own process": (src, sink(pid=1)),
         f"GPU {GPU} is not visible in producer-0's process (it sees GPU-y)": (
             src,
             sink(("GPU-y",)),

@@ -89,6 +89,11 @@ def choose_route(source: Endpoint, sink: Endpoint, member: str) -> Route:
             f"{member} runs on another machine ({_host_name(sink.host)}, the consumer on "
             f"{_host_name(source.host)}); CUDA IPC works within one machine",
         )
+    if source.pid == sink.pid:
+        return Route(
+            OBJECT_STORE,
+            f"{member} runs in the consumer's own process (CUDA IPC is between processes)",
+        )
     if not sink.gpus:
         return Route(
             OBJECT_STORE,
