@@ -24,11 +24,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from zbrl.config import load_config
     from zbrl.launch.driver import run_training
+    from zbrl.launch.startup import StartupClock
 
+    clock = StartupClock()  # from this process's start: the interpreter and imports count
+    clock.mark("imports")
     cfg = load_config(args.recipe, args.overrides)
     if args.ray_address:
         cfg.launch.ray_address = args.ray_address
-    summary = run_training(cfg, sibling_if_used=args.command == "demo")
+    clock.mark("config")
+    summary = run_training(cfg, sibling_if_used=args.command == "demo", clock=clock)
     _print_finished(summary)
     return 0
 
@@ -36,12 +40,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_resume(args: argparse.Namespace) -> int:
     from zbrl.launch.driver import run_training
     from zbrl.launch.resume import plan_resume
+    from zbrl.launch.startup import StartupClock
 
+    clock = StartupClock()
+    clock.mark("imports")
     cfg, checkpoint = plan_resume(Path(args.run_dir), args.overrides)
     if args.ray_address:
         cfg.launch.ray_address = args.ray_address
+    clock.mark("config")
     print(f"[zbrl] resuming from {checkpoint.path} (step {checkpoint.version})", flush=True)
-    _print_finished(run_training(cfg, resume=checkpoint))
+    _print_finished(run_training(cfg, resume=checkpoint, clock=clock))
     return 0
 
 
@@ -80,12 +88,10 @@ def _plain_zbrl_warnings() -> None:
     """zbrl's own warnings read as one ``warning: ...`` line, without a source location."""
     import warnings
 
-    from zbrl.training.checkpoint import IncompleteCheckpointWarning
-
     default = warnings.formatwarning
 
     def format_warning(message, category, filename, lineno, line=None):
-        if issubclass(category, IncompleteCheckpointWarning):
+        if issubclass(category, _loaded("zbrl.training.checkpoint", "IncompleteCheckpointWarning")):
             return f"warning: {message}\n"
         return default(message, category, filename, lineno, line)
 
@@ -162,28 +168,39 @@ USER_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADir
 """File-system errors that come from a path the user gave; printed as ``error:`` lines."""
 
 
+class _NotRaised(Exception):
+    """Stands for an exception class whose module was never imported (so nothing raised it)."""
+
+
+def _loaded(module: str, name: str) -> type[BaseException]:
+    """The class ``module.name`` when ``module`` has been imported, else :class:`_NotRaised`.
+
+    The command line imports only what the command needs (``zbrl models list`` neither Ray nor
+    torch); an exception class that lives in a module the command never imported cannot have
+    been raised, so ``main`` matches it without importing that module."""
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name) if loaded is not None else _NotRaised
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (a config, a path, a dataset line, a missing package)
     ends in one ``error: ...`` line and a non-zero exit (2 for the config, 1 otherwise), never a
     traceback; ``zbrl train``/``resume``/``demo`` check everything before they create or lock a
     run directory (:mod:`zbrl.launch.preflight`)."""
-    from zbrl.config import ConfigError
-    from zbrl.data.dataset import DatasetError
     from zbrl.errors import RunError
-    from zbrl.launch.driver import RunInterrupted
-    from zbrl.launch.signals import Interrupted, exit_code
+    from zbrl.launch.signals import Interrupted, RunInterrupted, exit_code
 
     args = build_parser().parse_args(argv)
     _plain_zbrl_warnings()
     try:
         return args.func(args)
-    except ConfigError as exc:
+    except _loaded("zbrl.config.loader", "ConfigError") as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RunInterrupted as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
-    except (RunError, DatasetError, *USER_OS_ERRORS) as exc:
+    except (RunError, _loaded("zbrl.data.dataset", "DatasetError"), *USER_OS_ERRORS) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Interrupted as exc:

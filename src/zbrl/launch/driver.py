@@ -28,8 +28,9 @@ from zbrl.launch.run_dir import (
     claim_run_dir,
     lock_existing_run_dir,
 )
-from zbrl.launch.signals import StopSignals, exit_code
+from zbrl.launch.signals import RunInterrupted, StopSignals, exit_code
 from zbrl.launch.spawn import Spawner, StartPoint, Workers, checkpoint_start, create_workers
+from zbrl.launch.startup import StartupClock, startup_line, startup_summary
 from zbrl.launch.steps import planned_steps, steps_notice
 from zbrl.launch.supervisor import Outcome, Supervisor
 from zbrl.telemetry.idle import percentile
@@ -43,17 +44,11 @@ from zbrl.types import EncodedPrompt
 __all__ = ["RunFailed", "RunInterrupted", "run_training"]
 
 
-class RunInterrupted(RunError):
-    """A signal stopped the run cleanly (or as cleanly as it could); the message says how to
-    resume. ``exit_code`` is the shell's 128 + signal number."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def run_training(
-    cfg: RunConfig, resume: Checkpoint | None = None, sibling_if_used: bool = False
+    cfg: RunConfig,
+    resume: Checkpoint | None = None,
+    sibling_if_used: bool = False,
+    clock: StartupClock | None = None,
 ) -> dict[str, Any]:
     """Run one RL job end to end; returns the summary (also written to RUN_DIR/summary.json) and
     ``run_dir``, the directory used.
@@ -62,23 +57,28 @@ def run_training(
     Otherwise a run dir that holds checkpoints is refused (RunDirHasCheckpoints), unless
     ``sibling_if_used``, which gives the run a fresh sibling (as for a finished run without
     checkpoints). Raises RunInterrupted after a clean stop on SIGINT/SIGTERM, RunFailed when a
-    worker failed.
+    worker failed. ``clock``: the start-up's phase marks so far (the command line's, whose origin
+    is the process's start); None starts one now (:mod:`zbrl.launch.startup`).
 
     Nothing is claimed before the checks: the pre-flight checks, the run dir's refusals, the model
     and tokenizer, every prompt of every dataset (loaded, validated and encoded) and the wandb run
     all come first; a start that fails in any of them leaves no run directory behind."""
     from zbrl.assembly.models import quiet_transformers
 
+    clock = clock or StartupClock(origin=time.time())
     quiet_transformers()
     preflight(cfg)  # packages, reward, data files, addresses, GPUs, model and tokenizer
     check_run_dir_of(cfg, resume, sibling_if_used)  # in use, or holding checkpoints
+    clock.mark("preflight")
     inputs = prepare_inputs(cfg, resume)  # a bad dataset line or an empty dataset fails here
+    clock.mark("inputs")
     with contextlib.ExitStack() as stack:
         remote = [stack.enter_context(contextlib.closing(s)) for s in remote_sinks(cfg)]
         run_dir = stack.enter_context(prepare_run_dir(cfg, resume, sibling_if_used))
         local = [stack.enter_context(contextlib.closing(s)) for s in local_sinks(cfg, run_dir)]
         print(f"[zbrl] run dir: {run_dir}", flush=True)
-        summary = _train(cfg, run_dir, inputs, MultiSink([*local, *remote]))
+        clock.mark("run_dir")
+        summary = _train(cfg, run_dir, inputs, MultiSink([*local, *remote]), clock)
     return {**summary, "run_dir": str(run_dir)}
 
 
@@ -121,8 +121,11 @@ def check_run_dir_of(cfg: RunConfig, resume: Checkpoint | None, sibling_if_used:
         check_run_dir(Path(cfg.run_dir), sibling_if_used=sibling_if_used)
 
 
-def _train(cfg: RunConfig, run_dir: Path, inputs: RunInputs, sink: MetricsSink) -> dict[str, Any]:
+def _train(
+    cfg: RunConfig, run_dir: Path, inputs: RunInputs, sink: MetricsSink, clock: StartupClock
+) -> dict[str, Any]:
     started_ray = init_ray(cfg)
+    clock.mark("ray_init")
     workers: Workers | None = None
     with StopSignals() as signals:  # after ray.init, which installs its own SIGTERM handler
         try:
@@ -136,14 +139,18 @@ def _train(cfg: RunConfig, run_dir: Path, inputs: RunInputs, sink: MetricsSink) 
                 inputs.start,
                 inputs.buffer_state,
             )
+            clock.mark("actors")
             wait_until_ready(cfg, workers)
+            clock.mark("workers_ready")
             record_placement(cfg, workers, run_dir)
             hub = HubClient(RayHandle(workers.hub))
             monitor = RunMonitor(
                 cfg, run_dir, hub, inputs.total_steps, start_step=inputs.start.version, sink=sink
             )
             try:
-                return execute(cfg, workers, spawner, monitor, run_dir, signals, inputs.resume)
+                return execute(
+                    cfg, workers, spawner, monitor, run_dir, signals, inputs.resume, clock
+                )
             finally:
                 monitor.close()
         except Exception as exc:
@@ -255,6 +262,7 @@ def execute(
     run_dir: Path,
     signals: StopSignals,
     resume: Checkpoint | None,
+    clock: StartupClock | None = None,
 ) -> dict:
     initial = _previous_initial_eval(run_dir) if resume is not None else None
     if workers.evaluator is not None and cfg.eval.at_start and resume is None:
@@ -287,6 +295,8 @@ def execute(
         resumed_from=str(resume.path) if resume is not None else None,
         checkpoint=checkpoint,
     )
+    if clock is not None:
+        add_startup(summary, clock, run_dir)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     print(render_report(run_dir), flush=True)
     _raise_if_ended_early(outcome, run_dir, checkpoint, signals)
@@ -394,6 +404,19 @@ def build_summary(
         "eval_initial": initial,
         "eval_final": final,
     }
+
+
+def add_startup(summary: dict[str, Any], clock: StartupClock, run_dir: Path) -> None:
+    """The start-up breakdown into ``summary`` (``startup_s``, ``startup``, ``startup_workers``:
+    :func:`zbrl.launch.startup.startup_summary`, from the run's spans), and as one log line."""
+    from zbrl.telemetry.timeline import read_timeline
+
+    try:
+        spans = read_timeline(run_dir)
+    except FileNotFoundError:
+        spans = []
+    summary.update(startup_summary(clock, spans))
+    print(startup_line(summary), flush=True)
 
 
 def _weight_sync_bytes(monitor: RunMonitor) -> int | None:

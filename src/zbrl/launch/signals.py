@@ -19,7 +19,18 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from zbrl.errors import RunError
+
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunInterrupted(RunError):
+    """A signal stopped the run cleanly (or as cleanly as it could); the message says how to
+    resume. ``exit_code`` is the shell's 128 + signal number."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def exit_code(signum: int) -> int:

@@ -1,10 +1,19 @@
 """Worker classes that run inside Ray actor processes: each builds its heavy state (models,
 backends) in its own process and wraps one plain role (Producer, Consumer, Evaluator)."""
 
+# ruff: noqa: E402  (the imports follow the clock that times them)
 from __future__ import annotations
 
+import time
+
+_MODULE_STARTED = time.time()
+"""When this module began importing: in a worker's process, the start of its ``startup`` span."""
+_MODULE_CPU = time.process_time()
+
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +38,45 @@ from zbrl.config import RunConfig
 from zbrl.config.transport import ObjectStoreSync
 from zbrl.launch.placement import describe_process, node_address
 from zbrl.launch.reward_workers import reward_scorer
-from zbrl.telemetry.spans import SpanRecorder
+from zbrl.telemetry.spans import STARTUP, SpanRecorder
 from zbrl.training.consumer import ThreadLending
 from zbrl.training.distributed import GroupSpec, join_group
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import RayHandle
 from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
 from zbrl.types import EncodedPrompt
+
+_IMPORTS_S = time.time() - _MODULE_STARTED
+
+
+class StartupTimer:
+    """A worker's ``startup`` span: from its module's import (the first worker built in this
+    process) or from its constructor's start, to the end of its construction; the span carries
+    ``imports_s``, the seconds of each timed :meth:`part` (``<name>_s``) and ``cpu_s``, the CPU
+    seconds of the whole process over the span."""
+
+    _first = True
+
+    def __init__(self) -> None:
+        self.began = time.time()
+        self.cpu_began = time.process_time()
+        self.parts: dict[str, float] = {}
+        if StartupTimer._first:
+            StartupTimer._first = False
+            self.began, self.parts["imports_s"] = _MODULE_STARTED, _IMPORTS_S
+            self.cpu_began = _MODULE_CPU
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        t = time.time()
+        try:
+            yield
+        finally:
+            self.parts[f"{name}_s"] = time.time() - t
+
+    def record(self, recorder: SpanRecorder) -> None:
+        cpu_s = time.process_time() - self.cpu_began
+        recorder.record(STARTUP, self.began, time.time(), cpu_s=cpu_s, **self.parts)
 
 
 class SpanFlusher:
@@ -113,11 +154,13 @@ class ProducerWorker:
         ``reward_workers``: the reward-model actors to score with (None: in this process)."""
         from zbrl.rollout.producer import Producer
 
+        timer = StartupTimer()
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, 1000 + index)
         self.recorder = SpanRecorder(f"producer-{index}", "producer")
         self.hub = HubClient(RayHandle(hub))
-        backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
+        with timer.part("backend"):
+            backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
         self.receiver = build_receiver(
             cfg.transport.weight_sync,
             WeightStoreClient(RayHandle(store)),
@@ -126,11 +169,13 @@ class ProducerWorker:
             member=f"producer-{index}",
             broadcast=broadcast_settings(cfg, node_address()),
         )
+        with timer.part("reward"):
+            reward_fn = build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers))
         self.producer = Producer(
             producer_settings(cfg, index),
             prompts,
             backend,
-            build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers)),
+            reward_fn,
             BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
@@ -138,6 +183,7 @@ class ProducerWorker:
         )
         if resume_state is not None:
             self.producer.load_state(resume_state)
+        timer.record(self.recorder)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""
@@ -173,16 +219,20 @@ class ConsumerWorker:
         from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
+        timer = StartupTimer()
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, index)
         if group is not None:  # a data-parallel rank: in the group before the engine is built
-            join_group(group, rank=index)
+            with timer.part("group"):
+                join_group(group, rank=index)
         self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
         self.hub = HubClient(RayHandle(hub))
-        tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
-        trainer = build_trainer(
-            cfg, Path(model_dir), tokenizer, total_steps, reference_dir=Path(reference_dir)
-        )
+        with timer.part("tokenizer"):
+            tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
+        with timer.part("trainer"):
+            trainer = build_trainer(
+                cfg, Path(model_dir), tokenizer, total_steps, reference_dir=Path(reference_dir)
+            )
         # only rank 0 publishes; the other ranks hold a publisher that is never called, and must
         # not join (or form) the broadcast group
         sync = cfg.transport.weight_sync if index == 0 else ObjectStoreSync()
@@ -205,7 +255,9 @@ class ConsumerWorker:
             lending=_lending(cfg),
         )
         if trainer_state is not None:
-            self.consumer.load_state(load_state(Path(trainer_state)))
+            with timer.part("trainer_state"):
+                self.consumer.load_state(load_state(Path(trainer_state)))
+        timer.record(self.recorder)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""
@@ -231,11 +283,13 @@ class EvaluatorWorker:
     ) -> None:
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
 
+        timer = StartupTimer()
         cfg = RunConfig.model_validate(cfg_data)
         _setup_process(cfg, 999)
         self.recorder = SpanRecorder("evaluator", "evaluator")
         self.hub = HubClient(RayHandle(hub))
-        backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
+        with timer.part("backend"):
+            backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
         self.backend = backend
         self.receiver = build_receiver(
             cfg.transport.weight_sync,
@@ -254,6 +308,7 @@ class EvaluatorWorker:
             out_dir=Path(run_dir) / "eval",
             episodes=build_episode_runner(cfg, backend),
         )
+        timer.record(self.recorder)
 
     def evaluate(self, step: int, version: int) -> dict[str, dict[str, float]]:
         from zbrl.telemetry.spans import EVAL

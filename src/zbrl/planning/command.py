@@ -7,9 +7,11 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from zbrl.planning.rates import RatesError, RunRates, read_rates
-from zbrl.planning.simulate import Prediction, Shape, simulate
+if TYPE_CHECKING:  # imported where used: the parser alone imports neither the planner nor torch
+    from zbrl.planning.rates import RunRates
+    from zbrl.planning.simulate import Prediction, Shape
 
 DEFAULT_DP_EFFICIENCY = 0.9
 """Assumed parallel efficiency of data-parallel consumers when the measured run had another
@@ -80,6 +82,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def shape_from_args(args: argparse.Namespace, rates: RunRates) -> Shape:
+    from zbrl.planning.simulate import Shape
+
     batch = args.batch if args.batch is not None else rates.train_batch_size
     return Shape(
         producers=args.producers if args.producers is not None else rates.num_producers,
@@ -130,6 +134,9 @@ def splits(shape: Shape, total: int) -> list[Shape]:
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
+    from zbrl.planning.rates import RatesError, read_rates
+    from zbrl.planning.simulate import simulate
+
     try:
         rates = read_rates(args.run_dir, args.run_cores)
         if args.weight_sync_s is not None:

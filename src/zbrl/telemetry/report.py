@@ -105,12 +105,21 @@ def _load_spans(run_dir: Path) -> list[Span]:
     return spans
 
 
+def _busy_idle(spans: list[Span]) -> tuple[dict[str, WorkerStats], float, float]:
+    """Each worker's busy/idle figures and the window they cover: from the first span to the last,
+    leaving out the workers' ``startup`` spans (the summary's ``startup_s`` and ``startup``
+    account for start-up), so that the idle shares are those of the run, as before workers
+    recorded them."""
+    working = [s for s in spans if s.name != S.STARTUP] or spans
+    start, end = span_window(working)
+    return worker_utilisation(working, start=start, end=end), start, end
+
+
 def plot_report(run_dir: str | os.PathLike[str]) -> Path:
     """Write ``RUN_DIR/report.png`` and return its path."""
     run_dir = Path(run_dir)
     spans = _load_spans(run_dir)
-    start, end = span_window(spans)
-    stats = worker_utilisation(spans, start=start, end=end)
+    stats, _, _ = _busy_idle(spans)
     return _plot(spans, read_metrics(run_dir), stats, run_dir / REPORT_FILE)
 
 
@@ -119,8 +128,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
     role, ``summary.json`` entries) and writes ``report.png`` and ``trace.json`` next to it."""
     run_dir = Path(run_dir)
     spans = _load_spans(run_dir)
-    start, end = span_window(spans)
-    stats = worker_utilisation(spans, start=start, end=end)
+    stats, start, end = _busy_idle(spans)
     png = _plot(spans, read_metrics(run_dir), stats, run_dir / REPORT_FILE)
     trace = write_chrome_trace(spans, run_dir / TRACE_FILE)
 
@@ -246,6 +254,8 @@ def _plot_timeline(
     )
     durations: dict[str, list[float]] = defaultdict(list)
     for s in spans:
+        if (s.worker, s.thread) not in row:  # a worker that only started (no stats): not drawn
+            continue
         key = "idle" if s.is_idle else s.name
         bars[(s.worker, s.thread)][key].append((s.start - t0, s.duration))
         durations[key].append(s.duration)

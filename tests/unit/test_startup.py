@@ -1,0 +1,157 @@
+"""The start-up breakdown (issue 24, item 5): the driver's phases from the process's start, each
+worker's ``startup`` span, and the summary and log line that join them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zbrl import cli
+from zbrl.launch import driver
+from zbrl.launch.startup import (
+    DRIVER_PHASES,
+    StartupClock,
+    process_start_time,
+    startup_summary,
+)
+from zbrl.telemetry.report import render_report
+from zbrl.telemetry.spans import GENERATE, STARTUP, TRAIN_STEP, WAIT_FOR_DATA, Span
+from zbrl.telemetry.timeline import TimelineWriter
+
+T0 = 1_000_000.0
+
+
+def _clock() -> StartupClock:
+    """A clock at T0 whose driver phases end 1, 2, ... 8 s after it."""
+    clock = StartupClock(origin=T0)
+    clock.marks = {phase: T0 + i for i, phase in enumerate(DRIVER_PHASES, start=1)}
+    return clock
+
+
+def _run_spans() -> list[Span]:
+    ready = T0 + len(DRIVER_PHASES)  # 8 s
+    return [
+        Span("consumer-0", "consumer", TRAIN_STEP, T0 - 50, T0 - 49),  # an earlier segment's
+        Span("producer-0", "producer", STARTUP, T0 + 5.5, T0 + 7.5, attrs={"imports_s": 1.25}),
+        Span("consumer-0", "consumer", STARTUP, T0 + 5.5, T0 + 8.0, attrs={"trainer_s": 0.5}),
+        Span("producer-0", "producer", GENERATE, ready + 0.1, ready + 1.5),
+        Span("producer-0", "producer", GENERATE, ready + 1.6, ready + 2.6),
+        Span("consumer-0", "consumer", WAIT_FOR_DATA, ready, ready + 1.6),
+        Span("consumer-0", "consumer", TRAIN_STEP, ready + 1.6, ready + 2.25),
+        Span("consumer-0", "consumer", TRAIN_STEP, ready + 2.7, ready + 3.2),
+    ]
+
+
+def test_the_summary_and_the_log_carry_the_startup_breakdown(tmp_path, capsys):
+    TimelineWriter(tmp_path).write(_run_spans())
+    summary: dict = {"steps": 2}
+    driver.add_startup(summary, _clock(), tmp_path)
+
+    assert summary["startup_s"] == pytest.approx(10.25)  # the first train step's end since T0
+    parts = summary["startup"]
+    assert list(parts) == [*DRIVER_PHASES, "first_generation", "first_train_step"]
+    assert all(parts[p] == pytest.approx(1.0) for p in DRIVER_PHASES)
+    assert parts["first_generation"] == pytest.approx(1.5)
+    assert parts["first_train_step"] == pytest.approx(0.75)
+    assert sum(parts.values()) == pytest.approx(summary["startup_s"])
+    assert summary["startup_workers"] == {
+        "producer-0": {"total_s": 2.0, "imports_s": 1.25},
+        "consumer-0": {"total_s": 2.5, "trainer_s": 0.5},
+    }
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[zbrl] start-up: 10.25 s to the end of the first training step (")
+    assert "imports 1.00" in line and "first_train_step 0.75" in line
+    json.dumps(summary)  # summary.json takes it as it is
+
+
+def test_a_run_without_a_training_step_says_so():
+    clock = _clock()
+    spans = [s for s in _run_spans() if s.name != TRAIN_STEP]
+    out = startup_summary(clock, spans)
+    assert out["startup_s"] is None
+    assert "first_train_step" not in out["startup"] and "first_generation" in out["startup"]
+
+
+def test_phases_not_marked_count_in_the_next_one():
+    clock = StartupClock(origin=T0)  # run_training called from Python: no imports/config marks
+    clock.marks = {"preflight": T0 + 2.0, "ray_init": T0 + 5.0}
+    parts = clock.parts(None, T0 + 6.5)
+    assert parts == {"preflight": 2.0, "ray_init": 3.0, "first_train_step": 1.5}
+    with pytest.raises(ValueError, match="unknown start-up phase 'warmup'"):
+        clock.mark("warmup")
+
+
+def test_the_startup_spans_leave_the_reports_idle_shares_as_they_were(tmp_path):
+    working = _run_spans()[3:]
+    TimelineWriter(tmp_path / "without").write(working)
+    TimelineWriter(tmp_path / "with").write(_run_spans()[1:])
+    without = render_report(tmp_path / "without").splitlines()
+    with_startup = render_report(tmp_path / "with").splitlines()
+    idle_line = next(line for line in without if line.startswith("mean idle fraction"))
+    assert idle_line in with_startup
+    assert "consumer 50.0%" in idle_line  # 1.6 s waiting in 3.2 s (28% counting start-up)
+
+
+def test_process_start_time_is_when_the_process_began():
+    before = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        started = process_start_time(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert started is not None
+    assert before - 0.05 <= started <= time.time() + 0.05
+    assert process_start_time() < before  # this process began before the test
+
+
+def test_zbrl_train_times_from_the_process_start(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run_training(cfg, *, sibling_if_used, clock):
+        seen["clock"] = clock
+        return {"steps": 0, "wall_s": 0.0, "run_dir": str(tmp_path)}
+
+    monkeypatch.setattr(driver, "run_training", fake_run_training)
+    before = time.time()
+    assert cli.main(["train", str(cli.DEMO_RECIPE), f"logging.run_dir={tmp_path}"]) == 0
+    clock = seen["clock"]
+    assert clock.origin < before  # the process's start, not the command's
+    assert list(clock.marks) == ["imports", "config"]
+    assert before <= clock.marks["imports"] <= clock.marks["config"] <= time.time()
+
+
+def test_the_driver_marks_each_phase_before_ray(tmp_path, tiny_model_dir, task_files, monkeypatch):
+    class ReachedRay(Exception):
+        pass
+
+    def refuse(cfg):
+        raise ReachedRay
+
+    monkeypatch.setattr(driver, "init_ray", refuse)
+    cfg = cli_config(tmp_path, tiny_model_dir, task_files)
+    clock = StartupClock(origin=time.time())
+    with pytest.raises(ReachedRay):
+        driver.run_training(cfg, clock=clock)
+    assert list(clock.marks) == ["preflight", "inputs", "run_dir"]
+    assert sorted(clock.marks.values()) == list(clock.marks.values())
+
+
+def cli_config(tmp_path: Path, model: Path, task: tuple[Path, Path]):
+    from zbrl.config import load_config
+
+    return load_config(
+        str(cli.DEMO_RECIPE),
+        [
+            f"model.path={model}",
+            f"data.train_path={task[0]}",
+            "eval.sets={}",
+            f"logging.run_dir={tmp_path}/run",
+            f"logging.cache_dir={tmp_path}/cache",
+        ],
+    )
