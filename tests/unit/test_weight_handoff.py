@@ -354,6 +354,54 @@ def test_holds_of_a_receiver_whose_process_is_gone_are_dropped(rig):
     assert 1 not in rig.store.holders()
 
 
+class GatedAnnounce(CountingHandle):
+    """Blocks the publisher's announcement (``WeightStore.put``) until the test opens the gate."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def call(self, method, *args, timeout=None):
+        if method is WeightStore.put:
+            self.entered.set()
+            assert self.gate.wait(WAIT), "test never opened the gate"
+        return super().call(method, *args, timeout=timeout)
+
+
+def test_a_version_superseded_before_it_was_announced_gives_its_set_to_the_next(rig):
+    handle = GatedAnnounce(rig.store)
+    pub = CudaIpcPublisher(
+        WeightStoreClient(handle), sharer=rig.sharer, endpoint=source_at(), bucket_bytes=600
+    )
+    rig.items.append(pub)
+    rec = rig.receiver()
+    pub.publish(1, weights(1))
+    assert handle.entered.wait(WAIT)  # v1's set is being announced (busy)
+    pub.publish(2, weights(2))  # a second set, pending
+    pub.publish(3, weights(3))  # no third set: v2, never announced, gives up its set
+    assert pub.buffer_sets == 2 and pub.waited_s < 1.0
+    handle.gate.set()
+    pub.flush(timeout=WAIT)
+    assert rig.store.latest_version() == 3
+    assert rec.wait_for(3, timeout=WAIT)
+    got = {}
+    assert rec.receive_into(loaded_copy(got)) and torch.equal(got["layer.w"], weights(3)["layer.w"])
+
+
+def test_weights_that_change_shape_get_new_buffers(rig):
+    pub = rig.publisher()
+    rec = rig.receiver()
+    pub.publish(1, weights(1))
+    assert rec.wait_for(1, timeout=WAIT)
+    bigger = {**weights(2), "head": torch.full((4, 8), 9.0)}
+    pub.publish(2, bigger)
+    assert rec.wait_for(2, timeout=WAIT)
+    got = {}
+    assert rec.receive_into(loaded_copy(got))
+    assert set(got) == set(bigger) and all(torch.equal(got[k], bigger[k]) for k in bigger)
+    assert pub.buffer_sets == 1  # the old layout's sets were dropped
+
+
 def test_receiver_on_another_machine_gets_the_object_store_copy_with_one_log_line(rig, capsys):
     pub = rig.publisher(dtype=torch.bfloat16)
     near = rig.receiver("producer-0")

@@ -224,10 +224,13 @@ class CudaIpcPublisher(BackgroundSender):
             for candidate in self._sets:
                 if candidate.busy or candidate is pending:
                     continue
+                if candidate.version < 0:  # never written
+                    return candidate
                 if candidate.version == self._announced or candidate.version in holders:
                     continue
                 return candidate
-            if pending is not None and pending.version not in holders:
+            ours = any(pending is candidate for candidate in self._sets)  # not an old layout's
+            if pending is not None and ours and not pending.busy and pending.version not in holders:
                 # superseded before the sender took it: never announced, so nobody reads it
                 self._pending = None
                 return pending
