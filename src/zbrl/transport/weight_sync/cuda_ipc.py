@@ -147,6 +147,7 @@ class CudaIpcPublisher(BackgroundSender):
         self._announced = -1  # the newest version the store announces
         self._source: dict[str, Endpoint] = {}  # endpoint by device
         self._keys = 0
+        self._side_stream: Any = None  # the background thread's CUDA stream for host copies
         self.waited_s = 0.0
         """Seconds ``publish`` waited for a free buffer set, in all."""
         self._thread.start()
@@ -346,12 +347,20 @@ class CudaIpcPublisher(BackgroundSender):
         }
 
     def _host_copy(self, staged: _Staged) -> dict[str, torch.Tensor]:
-        """The version as separate CPU tensors (for the object store)."""
+        """The version as separate CPU tensors (for the object store), copied on a side CUDA
+        stream: training's kernels on the default stream do not queue behind the copy."""
         assert staged.buffers is not None
+        first = staged.buffers.buffers[0]
+        side = contextlib.nullcontext()
+        if first.is_cuda:
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(first.device)
+            side = torch.cuda.stream(self._side_stream)
         out: dict[str, torch.Tensor] = {}
-        for layout, flat in zip(staged.layouts, staged.buffers.buffers, strict=True):
-            for name, view in unflatten(flat, layout).items():
-                out[name] = view.to("cpu", copy=True)
+        with side:
+            for layout, flat in zip(staged.layouts, staged.buffers.buffers, strict=True):
+                for name, view in unflatten(flat, layout).items():
+                    out[name] = view.to("cpu", copy=True)  # waits for the copy
         return out
 
 
