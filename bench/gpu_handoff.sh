@@ -22,11 +22,11 @@ status=0
   $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 } 2>&1 | tee "$out/env.txt"
 echo "== tests/gpu/test_cuda_ipc.py"
-timeout 240 $py -m pytest -q -p no:cacheprovider -rA -s tests/gpu/test_cuda_ipc.py 2>&1 \
+timeout 180 $py -m pytest -q -p no:cacheprovider -rA -s tests/gpu/test_cuda_ipc.py 2>&1 \
   | tee "$out/gpu_tests.txt"
 status=$((status | PIPESTATUS[0]))
 echo "== bench/weight_handoff.py"
-timeout 240 $py bench/weight_handoff.py --repeats 5 --out "$out/weight_handoff" 2>&1 \
+timeout 180 $py bench/weight_handoff.py --repeats 5 --out "$out/weight_handoff" 2>&1 \
   | tee "$out/bench.txt"
 status=$((status | PIPESTATUS[0]))
 echo "== exit status $status (0: tests passed and the bench ran)"

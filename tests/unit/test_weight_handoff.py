@@ -6,6 +6,7 @@ in for GPUs. tests/gpu/test_cuda_ipc.py runs the same protocol across processes 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -213,6 +214,7 @@ def test_same_gpu_receiver_loads_views_of_the_shared_buffers_without_the_object_
     assert rig.handle.puts == 0  # no object-store copy: no receiver needs one
     message = rig.store.latest()
     assert isinstance(message.payload, Handoff) and message.payload.fallback is None
+    assert len(pickle.dumps(message)) < 2000  # handles and layouts only, never the tensors
     assert len(message.payload.buckets) == 2  # bf16 16x8 (256 B) | 8x8 (128 B) + int64 (64 B)
     assert rec.route.kind == "cuda_ipc"
     assert pub.buffer_sets == 2
