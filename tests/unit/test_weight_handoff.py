@@ -26,6 +26,7 @@ from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
 from zbrl.transport.weight_sync.ipc_handles import LocalSharer
 from zbrl.transport.weight_sync.routes import Endpoint, choose_route, local_endpoint
 from zbrl.transport.weight_sync.store import WeightStore
+from zbrl.types import WeightsMessage
 
 WAIT = 10.0  # upper bound of waits on background threads (never reached when passing)
 HOST = "node-a/boot-1"
@@ -191,6 +192,20 @@ def test_local_endpoint_without_cuda_has_no_gpu():
     assert here.host == local_endpoint().host  # stable within the machine
     if not torch.cuda.is_available():
         assert here.gpus == ()
+
+
+def test_store_holds_are_atomic_with_taking_the_announcement_and_end_on_reregistration():
+    store = WeightStore()
+    store.register_receiver("producer-0", sink())
+    assert store.acquire_newer("producer-0", -1, 0.0) is None  # nothing announced: no hold
+    store.put(WeightsMessage(1, 0.0, "v1"))
+    assert store.acquire_newer("producer-0", -1, 0.0).payload == "v1"
+    assert store.acquire_newer("producer-0", 1, 0.0) is None  # not newer than what it has
+    assert store.holders() == {1: ["producer-0"]}
+    store.register_receiver("producer-0", sink(gpus=()), keep_holds=True)  # endpoint change
+    assert store.holders() == {1: ["producer-0"]}
+    store.register_receiver("producer-0", sink())  # a restart
+    assert store.holders() == {}
 
 
 # --- the protocol over LocalSharer --------------------------------------------------------------

@@ -121,8 +121,8 @@ class WeightStoreClient:
         return self.handle.call(WeightStore.latest_version)
 
     # receivers and holds of the CUDA handoff
-    def register_receiver(self, member: str, endpoint: Any) -> None:
-        self.handle.call(WeightStore.register_receiver, member, endpoint)
+    def register_receiver(self, member: str, endpoint: Any, keep_holds: bool = False) -> None:
+        self.handle.call(WeightStore.register_receiver, member, endpoint, keep_holds)
 
     def unregister_receiver(self, member: str) -> None:
         self.handle.call(WeightStore.unregister_receiver, member)

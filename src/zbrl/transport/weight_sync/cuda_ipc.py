@@ -482,7 +482,9 @@ class CudaIpcReceiver(ObjectStoreReceiver):
         """Mapping the consumer's buffers failed: register again as a receiver that sees no
         GPU, so the object store serves it from the next version on."""
         self._here = replace(self._here, gpus=())
-        self._store.register_receiver(self._member, self._here)  # drops the hold of ``version``
+        # keep the holds: an older version may be loading from buffers mapped before
+        self._store.register_receiver(self._member, self._here, keep_holds=True)
+        self._store.release(self._member, version)
         self._route = Route(OBJECT_STORE, f"mapping the consumer's CUDA buffers failed: {exc}")
         print(
             f"[zbrl] weight sync: {self._member} receives over the object store from the version "

@@ -52,6 +52,16 @@ class WeightStore:
             self._lock.wait_for(lambda: self._version() > have, timeout=timeout)
             return self._version()
 
+    def wait_for_message(self, have: int, timeout: float) -> WeightsMessage | None:
+        """The latest announcement once its version is newer than ``have`` (None after
+        ``timeout``): the object-store receiver's long poll, one round trip per version (the
+        message comes with the wake-up instead of a second call for it)."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._version() > have, timeout=timeout)
+            if self._latest is None or self._latest.version <= have:
+                return None
+            return self._latest
+
     def _version(self) -> int:
         return -1 if self._latest is None else self._latest.version
 
@@ -64,12 +74,13 @@ class WeightStore:
             return self._latest
 
     # receivers and holds of the CUDA handoff (zbrl.transport.weight_sync.cuda_ipc)
-    def register_receiver(self, member: str, endpoint: Any) -> None:
-        """``member`` receives from now on, at ``endpoint`` (a restart replaces the old entry
-        and drops its holds)."""
+    def register_receiver(self, member: str, endpoint: Any, keep_holds: bool = False) -> None:
+        """``member`` receives from now on, at ``endpoint``; a restart replaces the old entry
+        and drops its holds (``keep_holds``: a live receiver that only changes its endpoint)."""
         with self._lock:
             self._receivers[member] = endpoint
-            self._holds.pop(member, None)
+            if not keep_holds:
+                self._holds.pop(member, None)
             self._lock.notify_all()
 
     def unregister_receiver(self, member: str) -> None:
