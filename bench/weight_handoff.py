@@ -18,6 +18,8 @@ bfloat16 (the model measured on an H100: 1.86 s per version through the object s
 
 Without CUDA there is nothing to hand off: the script says so and exits 0, unless ``--cpu-check``
 runs both paths on CPU at a small size (both then take the object store: a check of the script).
+Exit status 2 when, on a GPU, the ``cuda ipc`` path fell back to the object store (the route line
+says why), 3 when the paths loaded different weights.
 
 Usage (on a GPU machine; see bench/gpu_handoff.sh)::
 
@@ -178,7 +180,7 @@ def run_path(path: str, a: argparse.Namespace, master: dict, device: str) -> dic
     from zbrl.transport.weight_sync.store import WeightStore
 
     sync = sync_config(path, a.bucket_mb)
-    store = ray.remote(WeightStore).options(num_cpus=0).remote()
+    store = ray.remote(WeightStore).options(num_cpus=0, max_concurrency=64).remote()
     gpus = 0.5 if device.startswith("cuda") else 0
     shapes = {k: tuple(v.shape) for k, v in master.items()}
     producer = (
@@ -290,7 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(f"{a.out}.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {a.out}.json")
-    return 0
+    status = 0
+    ipc = next((r for r in results if r["path"] == "cuda ipc"), None)
+    if cuda and ipc is not None and not str(ipc["route"]).startswith("cuda_ipc"):
+        print(f"the cuda ipc path did not use CUDA IPC on this GPU: {ipc['route']}")
+        status = 2
+    if len(sums) != 1:
+        print("the paths loaded different weights")
+        status = 3
+    return status
 
 
 if __name__ == "__main__":
