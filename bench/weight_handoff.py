@@ -6,9 +6,10 @@ This process plays the consumer: float32 master weights on ``cuda:0``, published
 by the path's publisher (built by the run's own factory). One Ray actor plays the producer, on the
 same GPU (``num_gpus=0.5``, as ``launch.producer_num_gpus=0.5 launch.consumer_num_gpus=0.5``
 place it): the path's receiver, and a load that copies into preallocated bfloat16 tensors on its
-GPU (what ``load_weights`` does). Each path: one warm-up version (buffers allocated and mapped),
-then ``--repeats`` timed versions; per version the seconds from the start of ``publish`` to the
-end of the load (synchronised), the part the training thread spends in ``publish`` and the load.
+GPU (what ``load_weights`` does). Each path: two warm-up versions (the two buffer sets allocated
+and mapped), then ``--repeats`` timed versions; per version the seconds from the start of
+``publish`` to the end of the load (synchronised), the part the training thread spends in
+``publish`` and the load.
 The ``memcpy floor`` row is one cast-copy of the master into bfloat16 on the GPU: no handoff can
 cost less. Medians are printed as a table and written to ``--out``.json.
 
@@ -42,6 +43,9 @@ from typing import Any
 import torch
 
 PATHS = ("object store", "cuda ipc")
+WARMUP = 2
+"""Untimed versions per path: with two buffer sets, the first two versions allocate and map one
+each."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -192,7 +196,7 @@ def run_path(path: str, a: argparse.Namespace, master: dict, device: str) -> dic
     publisher = build_publisher(sync, WeightStoreClient(RayHandle(store)), dtype=torch.bfloat16)
     rows = []
     try:
-        for version in range(1, a.repeats + 2):  # version 1 warms up
+        for version in range(1, a.repeats + WARMUP + 1):
             pending = producer.take.remote(version, 300.0)
             time.sleep(0.3)  # the producer is waiting, as it would between generation batches
             _sync(master)
@@ -208,14 +212,14 @@ def run_path(path: str, a: argparse.Namespace, master: dict, device: str) -> dic
         ray.get(producer.close.remote(), timeout=60)
         ray.kill(producer)
         ray.kill(store)
-    timed = rows[1:]
+    timed = rows[WARMUP:]
     return {
         "path": path,
         "handoff_s": statistics.median(r[0] for r in timed),
         "handoff_min_s": min(r[0] for r in timed),
         "publish_s": statistics.median(r[1] for r in timed),
         "load_s": statistics.median(r[2] for r in timed),
-        "warmup_s": rows[0][0],
+        "warmup_s": [r[0] for r in rows[:WARMUP]],
         "checksum": checksum,
         **where,
     }
