@@ -23,7 +23,7 @@ def test_same_gpu_handoff_is_bit_exact_over_cuda_ipc():
     loaded, done, pub = hand_off("cuda:0", versions=1, load_delay_s=0.0)
     assert done[1] == "cuda_ipc", done[2]
     assert check_loaded(loaded, last=1) == [1]
-    assert pub.buffer_sets == 1
+    assert pub.peak_buffer_sets == 1
 
 
 def test_version_sequence_double_buffered_never_torn():
@@ -32,5 +32,5 @@ def test_version_sequence_double_buffered_never_torn():
     loaded, done, pub = hand_off("cuda:0", versions=8, load_delay_s=0.2)
     assert done[1] == "cuda_ipc", done[2]
     versions = check_loaded(loaded, last=8)
-    assert pub.buffer_sets == 2
+    assert pub.peak_buffer_sets == 2
     print(f"loaded versions {versions}; publish waited {pub.waited_s:.3f} s for a free set")

@@ -234,6 +234,8 @@ def test_same_gpu_receiver_loads_views_of_the_shared_buffers_without_the_object_
     assert rec.route.kind == "cuda_ipc"
     assert pub.buffer_sets == 2
     assert rig.sharer.opened == 4  # two sets of two buffers, each mapped once
+    pub.close()
+    assert pub.buffer_sets == 0 and pub.peak_buffer_sets == 2  # close drops them; the peak stays
     assert rig.store.holders() == {}  # every loaded version released
     assert (
         "producer-0 receives over CUDA IPC: producer-0 shares the same GPU"

@@ -150,6 +150,8 @@ class CudaIpcPublisher(BackgroundSender):
         self._side_stream: Any = None  # the background thread's CUDA stream for host copies
         self.waited_s = 0.0
         """Seconds ``publish`` waited for a free buffer set, in all."""
+        self.peak_buffer_sets = 0
+        """The most buffer sets held at once (kept after :meth:`close`, which drops them)."""
         self._thread.start()
 
     @property
@@ -246,6 +248,7 @@ class CudaIpcPublisher(BackgroundSender):
             shared.append(SharedBucket(key, self._sharer.share(flat)))
         new = _BufferSet(buffers, tuple(shared))
         self._sets.append(new)
+        self.peak_buffer_sets = max(self.peak_buffer_sets, len(self._sets))
         return new
 
     def _forget_dead_holders(self) -> None:
