@@ -169,6 +169,28 @@ def test_inflight_updates_are_refused_where_they_do_not_apply(overrides, fix):
 
     assert not load_config(None, []).rollout.inflight_updates.enabled  # off by default
     load_config(None, ["rollout.inflight_updates.enabled=true"])
-    with pytest.raises(ConfigError, match="rollout.inflight_updates.enabled=true") as info:
+    with pytest.raises(ConfigError, match=r"rollout\.inflight_updates\.enabled=true") as info:
         load_config(None, ["rollout.inflight_updates.enabled=true", *overrides])
     assert fix in str(info.value)
+
+
+def test_weights_loaded_at_the_start_are_the_ones_the_shared_prefill_uses(backend):
+    torch.manual_seed(4)
+    new_weights = {k: v + 0.05 * torch.randn_like(v) for k, v in backend.model.state_dict().items()}
+    reference = copy.deepcopy(backend.model)
+    reference.load_state_dict(new_weights)
+
+    def swap():  # a newer version is ready when the generation starts
+        if not swap.loaded:
+            backend.load_weights(new_weights)
+            swap.loaded = True
+        return 9
+
+    swap.loaded = False
+    params = sampling_params(n=3, temperature=1.0, max_new_tokens=6)  # n > 1: shared prefill
+    out = backend.generate(PROMPTS, params, inflight=InflightSwap(4, swap))
+    for prompt, group in zip(PROMPTS, out, strict=True):
+        for c in group:
+            assert c.versions.tolist() == [9] * c.token_ids.numel()
+            ref = forward_logprobs(reference, prompt, c.token_ids, 1.0)
+            torch.testing.assert_close(c.logprobs, ref, atol=1e-4, rtol=0)

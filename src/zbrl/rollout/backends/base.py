@@ -58,8 +58,8 @@ class InflightSwap:
     """Tokens generated between two calls of ``swap``."""
     swap: Callable[[], int]
     """Loads the newest received version if there is one (through the backend's
-    ``load_weights``) and returns the version loaded now; called before the first chunk and
-    between chunks."""
+    ``load_weights``) and returns the version loaded now; called before the generation starts
+    (before any prompt is prefilled) and between chunks."""
 
 
 class InferenceBackend(Protocol):

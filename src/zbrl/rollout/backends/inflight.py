@@ -73,10 +73,15 @@ class ChunkedGeneration:
 
     @torch.no_grad()
     def run(
-        self, input_ids: torch.Tensor, attention: torch.Tensor, kwargs: dict[str, Any]
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        kwargs: dict[str, Any],
+        version: int,
     ) -> list[Completion]:
         """Completions of every row of ``input_ids`` (``kwargs``: the unchunked ``generate``
-        arguments, ``num_return_sequences=1``, possibly with a prefilled cache)."""
+        arguments, ``num_return_sequences=1``, possibly with a cache prefilled under the loaded
+        weights, whose version is ``version``)."""
         rows = input_ids.shape[0]
         row_ends = _RowEnds(rows, input_ids.shape[1], self._stop)
         ends: list[int | None] = [None] * rows
@@ -86,7 +91,6 @@ class ChunkedGeneration:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("stop_strings", "tokenizer")}
         kwargs["stopping_criteria"] = StoppingCriteriaList([row_ends])
         remaining = self.params.max_new_tokens
-        version = self.inflight.swap()
         while True:
             out = self.backend.model.generate(
                 input_ids=input_ids,

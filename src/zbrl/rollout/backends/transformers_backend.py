@@ -82,6 +82,8 @@ class TransformersBackend:
             )
         if params.stop_strings:
             kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+        # with in-flight updates, the newest weights before anything runs under them
+        version = inflight.swap() if inflight is not None else 0
         if per_prompt > 1 and input_ids.shape[1] > 1:
             input_ids, attention = self._prefill_once(input_ids, attention, per_prompt, kwargs)
         if inflight is not None:
@@ -90,7 +92,7 @@ class TransformersBackend:
                 attention = attention.repeat_interleave(per_prompt, dim=0)
                 kwargs["num_return_sequences"] = 1
             chunked = ChunkedGeneration(self, params, inflight)
-            completions = chunked.run(input_ids, attention, kwargs)
+            completions = chunked.run(input_ids, attention, kwargs, version)
         else:
             completions = self._generate_once(input_ids, attention, kwargs, params)
         if greedy:
