@@ -11,7 +11,7 @@ from zbrl.config import load_config
 from zbrl.launch.driver import run_training
 from zbrl.testing.runs import WARM_START_STEPS
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
 DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
