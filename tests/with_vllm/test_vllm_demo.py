@@ -30,7 +30,11 @@ def test_demo_with_vllm_learns(tmp_path):
     gain = summary["eval_accuracy_final"] - summary["eval_accuracy_initial"]
     assert gain >= 0.10, summary
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    mismatch = [m["mismatch_abs_logp"] for m in metrics if "mismatch_abs_logp" in m]
-    assert len(mismatch) == 150
-    # vLLM's and the trainer's log-probs differ (kernels, one version of staleness), but little
-    assert 0 < statistics.median(mismatch) < 0.1
+    steps = [m for m in metrics if "mismatch_abs_logp" in m]
+    assert len(steps) == 150
+    # vLLM's and the trainer's log-probs differ, but little: on the tokens the trained weights
+    # sampled (the first step's; at staleness 1 later steps train older tokens) by the kernels
+    # alone, on the others (drift) by one version of staleness too
+    same = [m["mismatch_abs_logp"] for m in steps if m["drift_token_frac"] < 1]
+    assert same and all(x < 0.01 for x in same)
+    assert 0 < statistics.median(m["drift_abs_logp"] for m in steps) < 0.1
