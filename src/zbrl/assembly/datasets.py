@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from zbrl.assembly.rewards import answer_spec, default_system_prompt
 from zbrl.config import (
@@ -17,7 +17,9 @@ from zbrl.config import (
 )
 from zbrl.data.dataset import LoadReport, load_examples
 from zbrl.data.prompts import PromptEncoder, resolve_system_prompt
-from zbrl.types import EncodedPrompt
+
+if TYPE_CHECKING:  # zbrl.types imports torch, which the pre-flight checks do without
+    from zbrl.types import EncodedPrompt
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ def encode_prompts(
 ) -> tuple[list[EncodedPrompt], dict[str, Any]]:
     """Load a dataset (a file or a source split) and apply the chat template; returns prompts
     and encoding stats."""
+    from zbrl.types import EncodedPrompt
+
     report = load_set_examples(path, cfg)
     examples = report.examples[:limit] if limit else report.examples
     encoder = PromptEncoder(

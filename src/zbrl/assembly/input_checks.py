@@ -10,6 +10,30 @@ from zbrl.config import EMBEDDED, HELD_OUT, RunConfig
 from zbrl.errors import RunError
 
 
+def check_backend_installed(cfg: RunConfig) -> None:
+    """Pre-flight: a backend whose package is missing fails here, with the install command,
+    before any worker starts (``zbrl train`` and ``zbrl eval`` call it first). The backend's
+    module (which imports torch) is imported only when the config asks for it."""
+    import sys
+
+    if cfg.rollout.backend.type == "vllm":
+        from zbrl.rollout.backends.vllm_backend import INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise RunError(
+                f"rollout.backend.type=vllm, but vLLM is not installed in this environment "
+                f"({sys.executable}): {INSTALL_HINT}"
+            )
+    if cfg.model.lora is not None:
+        from zbrl.models import lora
+
+        if not lora.peft_available():
+            raise RunError(
+                f"model.lora is set, but peft is not installed in this environment "
+                f"({sys.executable}): {lora.INSTALL_HINT}"
+            )
+
+
 def check_data_files(cfg: RunConfig) -> None:
     """The dataset files the run reads (``data.train_path``, file-valued ``eval.sets``) exist
     and can be read, and ``data.source`` can give data. Every line is validated later, still
@@ -49,7 +73,6 @@ def check_readable_file(path: str, field: str) -> None:
 def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> None:
     """Pre-flight of ``zbrl eval``: the model directory holds a model and a tokenizer, the
     backend's package is installed, the reward builds and every ``--data`` file can be read."""
-    from zbrl.assembly.models import check_backend_installed
     from zbrl.assembly.rewards import check_reward
     from zbrl.models import lora
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir

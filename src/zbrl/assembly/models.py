@@ -3,11 +3,11 @@ training engine (policy, optional frozen reference, optimizer, LR schedule) and 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
+from zbrl.assembly.input_checks import check_backend_installed  # noqa: F401 (its old home)
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
@@ -59,25 +59,6 @@ def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
     return apply_chat_template_setting(
         tokenizer, cfg.model.chat_template, model=tokenizer_label(cfg)
     )
-
-
-def check_backend_installed(cfg: RunConfig) -> None:
-    """Pre-flight: a backend whose package is missing fails here, with the install command,
-    before any worker starts (``zbrl train`` and ``zbrl eval`` call it first)."""
-    from zbrl.rollout.backends.vllm_backend import INSTALL_HINT, vllm_available
-
-    if cfg.rollout.backend.type == "vllm" and not vllm_available():
-        raise RunError(
-            f"rollout.backend.type=vllm, but vLLM is not installed in this environment "
-            f"({sys.executable}): {INSTALL_HINT}"
-        )
-    from zbrl.models import lora
-
-    if cfg.model.lora is not None and not lora.peft_available():
-        raise RunError(
-            f"model.lora is set, but peft is not installed in this environment "
-            f"({sys.executable}): {lora.INSTALL_HINT}"
-        )
 
 
 def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):

@@ -10,17 +10,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zbrl.assembly.artifacts import Artifacts, prepare_artifacts
-from zbrl.assembly.datasets import encode_prompts
 from zbrl.config import RunConfig, resolved_yaml
 from zbrl.errors import RunError
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
-from zbrl.launch.monitor import RunMonitor, local_sinks, remote_sinks
-from zbrl.launch.placement import record_placement
 from zbrl.launch.preflight import preflight
-from zbrl.launch.ray_setup import init_ray
+from zbrl.launch.ray_setup import RayStart, init_ray
 from zbrl.launch.resume import truncate_logs
 from zbrl.launch.run_dir import (
     check_resumable_run_dir,
@@ -29,17 +25,21 @@ from zbrl.launch.run_dir import (
     lock_existing_run_dir,
 )
 from zbrl.launch.signals import RunInterrupted, StopSignals, exit_code
-from zbrl.launch.spawn import Spawner, StartPoint, Workers, checkpoint_start, create_workers
 from zbrl.launch.startup import StartupClock, startup_line, startup_summary
 from zbrl.launch.steps import planned_steps, steps_notice
-from zbrl.launch.supervisor import Outcome, Supervisor
 from zbrl.telemetry.idle import percentile
 from zbrl.telemetry.metrics import MetricsSink, MultiSink
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
 from zbrl.training.checkpoint import Checkpoint, find_latest
-from zbrl.transport.clients import BufferClient, HubClient
-from zbrl.transport.handles import RayHandle
-from zbrl.types import EncodedPrompt
+
+# Everything above is light (no torch, transformers or Ray): the driver starts Ray as soon as the
+# pre-flight checks pass and imports the rest while Ray starts (docs/performance.md, Start-up).
+if TYPE_CHECKING:
+    from zbrl.assembly.artifacts import Artifacts
+    from zbrl.launch.monitor import RunMonitor
+    from zbrl.launch.spawn import Spawner, StartPoint, Workers
+    from zbrl.launch.supervisor import Outcome, Supervisor
+    from zbrl.types import EncodedPrompt
 
 __all__ = ["RunFailed", "RunInterrupted", "run_training"]
 
@@ -62,23 +62,29 @@ def run_training(
 
     Nothing is claimed before the checks: the pre-flight checks, the run dir's refusals, the model
     and tokenizer, every prompt of every dataset (loaded, validated and encoded) and the wandb run
-    all come first; a start that fails in any of them leaves no run directory behind."""
-    from zbrl.assembly.models import quiet_transformers
-
+    all come first; a start that fails in any of them leaves no run directory behind. Ray starts
+    in the background as soon as the pre-flight checks pass, while the inputs are prepared; a
+    start that fails after that stops it again."""
     clock = clock or StartupClock(origin=time.time())
-    quiet_transformers()
     preflight(cfg)  # packages, reward, data files, addresses, GPUs, model and tokenizer
     check_run_dir_of(cfg, resume, sibling_if_used)  # in use, or holding checkpoints
     clock.mark("preflight")
-    inputs = prepare_inputs(cfg, resume)  # a bad dataset line or an empty dataset fails here
-    clock.mark("inputs")
-    with contextlib.ExitStack() as stack:
-        remote = [stack.enter_context(contextlib.closing(s)) for s in remote_sinks(cfg)]
-        run_dir = stack.enter_context(prepare_run_dir(cfg, resume, sibling_if_used))
-        local = [stack.enter_context(contextlib.closing(s)) for s in local_sinks(cfg, run_dir)]
-        print(f"[zbrl] run dir: {run_dir}", flush=True)
-        clock.mark("run_dir")
-        summary = _train(cfg, run_dir, inputs, MultiSink([*local, *remote]), clock)
+    ray_start = RayStart(lambda: init_ray(cfg))  # Ray starts while the inputs are prepared
+    try:
+        inputs = prepare_inputs(cfg, resume)  # a bad dataset line or an empty dataset fails here
+        clock.mark("inputs")
+        with contextlib.ExitStack() as stack:
+            from zbrl.launch.monitor import local_sinks, remote_sinks
+
+            remote = [stack.enter_context(contextlib.closing(s)) for s in remote_sinks(cfg)]
+            run_dir = stack.enter_context(prepare_run_dir(cfg, resume, sibling_if_used))
+            local = [stack.enter_context(contextlib.closing(s)) for s in local_sinks(cfg, run_dir)]
+            print(f"[zbrl] run dir: {run_dir}", flush=True)
+            clock.mark("run_dir")
+            sink = MultiSink([*local, *remote])
+            summary = _train(cfg, run_dir, inputs, sink, clock, ray_start)
+    finally:
+        ray_start.abandon()  # a start that failed before _train took Ray: stop what it started
     return {**summary, "run_dir": str(run_dir)}
 
 
@@ -104,6 +110,10 @@ class RunInputs:
 
 def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
     """Build or fetch the model, load and encode every dataset, count the steps."""
+    from zbrl.assembly.artifacts import prepare_artifacts
+    from zbrl.assembly.models import quiet_transformers
+
+    quiet_transformers()
     artifacts = prepare_artifacts(cfg)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts)
     total_steps = planned_steps(cfg, len(train_prompts))
@@ -122,9 +132,20 @@ def check_run_dir_of(cfg: RunConfig, resume: Checkpoint | None, sibling_if_used:
 
 
 def _train(
-    cfg: RunConfig, run_dir: Path, inputs: RunInputs, sink: MetricsSink, clock: StartupClock
+    cfg: RunConfig,
+    run_dir: Path,
+    inputs: RunInputs,
+    sink: MetricsSink,
+    clock: StartupClock,
+    ray_start: RayStart,
 ) -> dict[str, Any]:
-    started_ray = init_ray(cfg)
+    from zbrl.launch.monitor import RunMonitor
+    from zbrl.launch.placement import record_placement
+    from zbrl.launch.spawn import create_workers
+    from zbrl.transport.clients import HubClient
+    from zbrl.transport.handles import RayHandle
+
+    started_ray = ray_start.result()
     clock.mark("ray_init")
     workers: Workers | None = None
     with StopSignals() as signals:  # after ray.init, which installs its own SIGTERM handler
@@ -160,6 +181,7 @@ def _train(
             raise
         finally:
             shutdown(workers, started_ray)
+            ray_start.release()
 
 
 def start_point(
@@ -167,6 +189,8 @@ def start_point(
 ) -> tuple[StartPoint, dict[str, Any] | None]:
     """Where the workers start, and the buffer state to restore (None for a fresh run); a
     consumer restart starts the same way (:func:`zbrl.launch.spawn.checkpoint_start`)."""
+    from zbrl.launch.spawn import checkpoint_start
+
     return checkpoint_start(artifacts, resume)
 
 
@@ -221,6 +245,8 @@ def _encode(
     role it does not take) reported as the user's input, not as a traceback."""
     from jinja2 import TemplateError
 
+    from zbrl.assembly.datasets import encode_prompts
+
     try:
         return encode_prompts(ref, cfg, tokenizer, limit=limit)
     except TemplateError as exc:
@@ -264,6 +290,10 @@ def execute(
     resume: Checkpoint | None,
     clock: StartupClock | None = None,
 ) -> dict:
+    from zbrl.launch.supervisor import Supervisor
+    from zbrl.transport.clients import BufferClient
+    from zbrl.transport.handles import RayHandle
+
     initial = _previous_initial_eval(run_dir) if resume is not None else None
     if workers.evaluator is not None and cfg.eval.at_start and resume is None:
         print("[zbrl] initial evaluation ...", flush=True)
@@ -291,6 +321,7 @@ def execute(
         producer_restarts=outcome.producer_restarts,
         consumer_restarts=outcome.consumer_restarts,
         evaluator_failures=outcome.evaluator_failures,
+        reward_worker_restarts=outcome.reward_worker_restarts,
         interrupted=outcome.stop_reason,
         resumed_from=str(resume.path) if resume is not None else None,
         checkpoint=checkpoint,

@@ -17,14 +17,12 @@ import os
 import socket
 import sys
 
-from zbrl.assembly.input_checks import check_data_files
+from zbrl.assembly.input_checks import check_backend_installed, check_data_files
 from zbrl.assembly.model_source import check_model_source
-from zbrl.assembly.settings import weight_sync_backend
 from zbrl.config import RunConfig
 from zbrl.config.plugin import is_import_path
 from zbrl.config.transport import BroadcastSync
 from zbrl.errors import RunError
-from zbrl.transport.weight_sync.broadcast import check_bindable
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -43,7 +41,9 @@ OPTIONAL_SOURCES = {
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Run every pre-flight check, cheapest first; the first failure raises."""
+    """Run every pre-flight check, cheapest first; the first failure raises. For the embedded
+    default these import neither torch nor Ray: the driver starts Ray right after them
+    (docs/performance.md, Start-up)."""
     from zbrl.assembly.rewards import check_reward
 
     check_optional_packages(cfg)
@@ -58,8 +58,6 @@ def preflight(cfg: RunConfig) -> None:
 
 def check_optional_packages(cfg: RunConfig) -> None:
     """Packages outside zbrl's dependencies that the config asks for are installed."""
-    from zbrl.assembly.models import check_backend_installed
-
     check_backend_installed(cfg)  # vLLM for rollout.backend.type=vllm
     for field, package, extra in OPTIONAL_SINKS:
         if getattr(cfg.logging, field) and importlib.util.find_spec(package) is None:
@@ -86,15 +84,16 @@ def check_optional_packages(cfg: RunConfig) -> None:
 def check_algorithm_imports(cfg: RunConfig) -> None:
     """A user advantage estimator or policy loss given as ``package.module:function`` imports
     (the config checks only its form; without this it would fail at the first training step)."""
-    from zbrl.algorithms.advantages import ADVANTAGE_ESTIMATORS
-    from zbrl.algorithms.policy_loss import POLICY_LOSSES
-
-    for field, registry, name in (
-        ("algorithm.advantage.type", ADVANTAGE_ESTIMATORS, cfg.algorithm.advantage.type),
-        ("algorithm.policy_loss.type", POLICY_LOSSES, cfg.algorithm.policy_loss.type),
+    for field, name in (
+        ("algorithm.advantage.type", cfg.algorithm.advantage.type),
+        ("algorithm.policy_loss.type", cfg.algorithm.policy_loss.type),
     ):
         if not is_import_path(name):
             continue
+        from zbrl.algorithms.advantages import ADVANTAGE_ESTIMATORS
+        from zbrl.algorithms.policy_loss import POLICY_LOSSES
+
+        registry = POLICY_LOSSES if field.endswith("policy_loss.type") else ADVANTAGE_ESTIMATORS
         try:
             registry.get(name)
         except (ImportError, ValueError) as exc:
@@ -145,6 +144,8 @@ def check_broadcast_address(cfg: RunConfig) -> None:
             "the IP address of the consumers' node, or unset it to use the node's Ray address"
         ) from None
     if cfg.launch.ray_address is None:  # a local run: the address must be one of this machine's
+        from zbrl.transport.weight_sync.broadcast import check_bindable
+
         try:
             check_bindable(infos[0][4][0])
         except ValueError as exc:
@@ -152,6 +153,10 @@ def check_broadcast_address(cfg: RunConfig) -> None:
 
 
 def check_nccl_gpus(cfg: RunConfig) -> None:
+    if not isinstance(cfg.transport.weight_sync, BroadcastSync):
+        return  # the object store (and the CUDA handoff) need no collective backend
+    from zbrl.assembly.settings import weight_sync_backend
+
     if weight_sync_backend(cfg) != "nccl" or cfg.launch.ray_address is not None:
         return  # on a cluster the placement groups ask for the GPUs and fail if there are none
     import torch

@@ -49,3 +49,40 @@ def ray_in_own_session() -> Iterator[bool]:
         yield True
     finally:
         services.ConsolePopen = original
+
+
+@contextlib.contextmanager
+def lean_local_head() -> Iterator[bool]:
+    """While inside, a local ``ray.init`` starts neither the API server nor the autoscaler's
+    monitor; yields False (and changes nothing) when this Ray version's ``Node`` lacks them.
+
+    With ``include_dashboard=False`` the API server loads only the usage-stats module (and zbrl
+    turns usage stats off), yet ``ray.init`` waits for it to start, about a second on two busy
+    cores; the monitor autoscales, which a local run of fixed size never does. Neither is needed
+    by zbrl (no job submission, no state API, no ``ray status``); each is one more Python
+    process starting beside the run (docs/performance.md, Start-up). A cluster given by address
+    (``ray start`` on each node) keeps its own."""
+    try:
+        from ray._private.node import Node
+    except ImportError:
+        yield False
+        return
+    names = ("start_api_server", "start_monitor")
+    if not all(callable(getattr(Node, n, None)) for n in names):
+        yield False
+        return
+    saved = {n: Node.__dict__[n] for n in names if n in Node.__dict__}
+
+    def skip(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    for n in names:
+        setattr(Node, n, skip)
+    try:
+        yield True
+    finally:
+        for n in names:
+            if n in saved:
+                setattr(Node, n, saved[n])
+            else:
+                delattr(Node, n)

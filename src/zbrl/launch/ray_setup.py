@@ -13,14 +13,19 @@ address on their command line and the variable through the environment they inhe
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import logging
 import math
 import os
+import re
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-from zbrl.launch.ray_session import ray_in_own_session
+from zbrl.launch.ray_session import lean_local_head, ray_in_own_session
 
 LOOPBACK = "127.0.0.1"
 # Read by Ray: the first at import (ray_constants.ENABLE_RAY_CLUSTER), the second by ray.init.
@@ -58,7 +63,8 @@ def required_cpus(cfg: RunConfig) -> float:
 
 
 def init_ray(cfg: RunConfig) -> bool:
-    """Start or connect to Ray; returns True when this call started it (and must shut it down)."""
+    """Start or connect to Ray; returns True when this call started it (and must shut it down).
+    The driver calls it from a background thread (:class:`RayStart`)."""
     address = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS")
     if address:  # a cluster: its own addresses and ports, nothing forced here
         import ray
@@ -77,7 +83,8 @@ def start_local_ray(num_cpus: int) -> None:
     """Start a new local Ray instance with ``num_cpus`` CPUs (no GPU unless CUDA is there), every
     socket on loopback; raises RunError if Ray picked another address anyway."""
     num_gpus = 0 if not _has_cuda() else None
-    with loopback_only(), ray_in_own_session():  # a group signal reaches the driver only
+    # a group signal reaches the driver only; no API server or autoscaler (ray_session.py)
+    with loopback_only(), ray_in_own_session(), lean_local_head():
         import ray
 
         ray.init(
@@ -105,9 +112,136 @@ def _ray_running() -> bool:
 
 
 def _has_cuda() -> bool:
+    """Whether torch sees a CUDA GPU; a CPU build of torch is recognised without importing it
+    (a second or more that Ray's start need not wait for)."""
+    if _torch_cuda_version() is None:
+        return False
     try:
         import torch
 
         return torch.cuda.is_available()
     except ImportError:
         return False
+
+
+def _torch_cuda_version() -> str | None:
+    """The CUDA version torch was built for, read from ``torch/version.py`` (None: a CPU build,
+    or torch missing); ``"unknown"`` when that file does not say."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r"^cuda\b[^=]*=\s*(.+?)\s*$", text, re.MULTILINE)
+    if found is None:
+        return "unknown"
+    value = found.group(1).strip("'\"")
+    return None if value == "None" else value
+
+
+class RayStart:
+    """Ray starting in a background thread (``start``: :func:`init_ray` for the run), so that it
+    starts while the driver prepares the run's inputs (docs/performance.md, Start-up).
+
+    :meth:`result` waits for it and returns what ``start`` returned (True: this run started Ray
+    and must shut it down) or raises what it raised. A start that fails before it takes the
+    result calls :meth:`abandon`, which waits for the thread and shuts down the Ray it started.
+    ``seconds`` is how long Ray took to start. What Ray logs from that thread meanwhile (its
+    notice about token authentication, say) is held and printed when the run takes Ray, so that
+    a start that fails on its inputs still prints one ``error:`` line and nothing else.
+
+    The thread lives until :meth:`release` (after ``ray.shutdown``): Ray ties the processes it
+    starts (GCS, raylet) to the life of the *thread* that started them (Linux's parent-death
+    signal fires when that thread ends), so a thread that ended after ``ray.init`` would take
+    the local cluster with it."""
+
+    def __init__(self, start: Callable[[], bool]) -> None:
+        self._start = start
+        self._started: bool | None = None
+        self._error: BaseException | None = None
+        self._taken = False
+        self._ready = threading.Event()
+        self._released = threading.Event()
+        self._held = _HeldRecords()
+        self.seconds: float | None = None
+        self._thread = threading.Thread(target=self._run, name="ray-start", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        began = time.time()
+        try:
+            with self._held.holding():
+                self._started = self._start()
+        except BaseException as exc:  # handed to the main thread by result()
+            self._error = exc
+        finally:
+            self.seconds = time.time() - began
+            self._ready.set()
+        self._released.wait()  # the parent of Ray's processes: see the class docstring
+
+    def result(self) -> bool:
+        self._taken = True
+        self._ready.wait()
+        self._held.emit()
+        if self._error is not None:
+            raise self._error
+        return bool(self._started)
+
+    def release(self) -> None:
+        """Ray is shut down (or was not started here): the thread may end."""
+        self._released.set()
+
+    def abandon(self) -> None:
+        """After a failed start: wait for Ray's start and shut down the Ray it started (a failure
+        to start Ray is then beside the point: the start's own error is the one reported)."""
+        if self._taken:
+            return
+        self._taken = True
+        self._ready.wait()
+        if self._started:
+            import ray
+
+            ray.shutdown()
+        self.release()
+
+
+class _HeldRecords(logging.Filter):
+    """While :meth:`holding`, the records Ray logs from this thread are kept instead of printed,
+    for :meth:`emit` to print later. Ray's warning that ``ray.init`` outside the main thread
+    sets no SIGTERM handler is dropped: the driver installs its own right after
+    (:class:`zbrl.launch.signals.StopSignals`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        if "SIGTERM handler is not set" not in record.getMessage():
+            self.records.append(record)
+        return False
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        import ray  # noqa: F401  (sets up Ray's log handlers, which this filters)
+
+        self.thread = threading.get_ident()
+        handlers = logging.getLogger("ray").handlers
+        for handler in handlers:
+            handler.addFilter(self)
+        try:
+            yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(self)
+
+    def emit(self) -> None:
+        records, self.records = self.records, []
+        for record in records:
+            logging.getLogger(record.name).handle(record)

@@ -37,11 +37,12 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zbrl.errors import RunError
+
+if TYPE_CHECKING:  # the driver checks run dirs for checkpoints without importing transformers
+    from transformers import PreTrainedTokenizerBase
 
 STATE_DIR = "zbrl"
 TRAINER_FILE = "trainer.pt"

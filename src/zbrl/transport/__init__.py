@@ -1,10 +1,16 @@
 """Rollout buffer, typed clients and weight sync (plain classes; ``zbrl.launch`` turns the shared
 objects into actors)."""
 
-from zbrl.transport.buffer import BufferSettings, BufferStats, RolloutBuffer
-from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
-from zbrl.transport.handles import Handle, LocalHandle, RayHandle
-from zbrl.transport.weight_sync import WeightPublisher, WeightReceiver
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zbrl.transport.buffer import BufferSettings, BufferStats, RolloutBuffer
+    from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
+    from zbrl.transport.handles import Handle, LocalHandle, RayHandle
+    from zbrl.transport.weight_sync import WeightPublisher, WeightReceiver
 
 __all__ = [
     "BufferClient",
@@ -19,3 +25,27 @@ __all__ = [
     "WeightReceiver",
     "WeightStoreClient",
 ]
+
+_HOMES = {
+    "BufferClient": "clients",
+    "BufferSettings": "buffer",
+    "BufferStats": "buffer",
+    "Handle": "handles",
+    "HubClient": "clients",
+    "LocalHandle": "handles",
+    "RayHandle": "handles",
+    "RolloutBuffer": "buffer",
+    "WeightPublisher": "weight_sync",
+    "WeightReceiver": "weight_sync",
+    "WeightStoreClient": "clients",
+}
+"""Where each name lives, imported on first use: a process that needs one light module (the
+telemetry hub's, the weight store's) does not import the rollout buffer and torch with it."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
