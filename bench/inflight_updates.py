@@ -1,0 +1,188 @@
+"""In-flight weight updates against batch-boundary swaps, on the demo and a longer-response variant.
+
+For each variant and seed, two runs one after the other in this process (each with its own local
+Ray, loopback only): ``batch`` (weights swapped between generation batches, the default) and
+``inflight`` (``rollout.inflight_updates.enabled=true``: new weights between chunks of
+``--chunk-tokens`` tokens). The table shows, as means over the seeds: the mean per-token
+staleness (trained version minus the version that sampled each token, ``summary.json``'s
+``mean_token_staleness``), the share of trained tokens sampled by older weights than the
+trainer's (``drift_token_frac``), the held-out accuracy gain (final minus initial evaluation),
+throughput (response tokens generated per second of the training window, from the buffer's
+per-batch means in ``metrics.jsonl``), the producers' idle share and the overlap efficiency.
+
+``demo`` is ``recipes/demo.yaml`` as it is (responses ≈ 20 tokens of a 32-token budget);
+``long`` raises the budget to ``--long-tokens`` and generates ``--long-batch`` prompts per
+generation call, so one call spans several training steps (what long reasoning responses do to a
+producer), which is where swapping only at batch boundaries leaves tokens stalest.
+
+    python bench/inflight_updates.py                        # ~8-10 min on 2 quiet cores
+    python bench/inflight_updates.py --steps 300 --seeds 0 1 2 --eval-prompts 200
+    python bench/inflight_updates.py --variants long --steps 40 --eval-prompts 50  # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from zbrl.config import load_config
+from zbrl.launch.driver import run_training
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("batch", "inflight")
+FIGURES = (
+    ("token staleness", "mean_token_staleness", "{:>15.2f}"),
+    ("drift tokens", "drift_token_frac", "{:>12.1%}"),
+    ("held-out gain", "heldout_gain", "{:>+13.3f}"),
+    ("gen tok/s", "generated_tokens_per_s", "{:>9.0f}"),
+    ("prod idle", "producer_idle_frac", "{:>9.1%}"),
+    ("cons idle", "consumer_idle_frac", "{:>9.1%}"),
+    ("overlap", "overlap_efficiency", "{:>7.2f}"),
+    ("resp len", "response_length", "{:>8.1f}"),
+    ("wall s", "wall_s", "{:>6.0f}"),
+)
+
+
+def variant_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {
+        "demo": [],
+        "long": [
+            f"rollout.generation.max_new_tokens={args.long_tokens}",
+            f"rollout.inference_batch_size={args.long_batch}",
+            f"rollout.inference_microbatch_size={args.long_batch}",
+            f"transport.max_staleness={args.long_staleness}",
+        ],
+    }
+
+
+def run_once(args: argparse.Namespace, overrides: list[str], out: Path) -> dict:
+    cfg = load_config(
+        args.recipe,
+        [
+            *overrides,
+            f"training.max_steps={args.steps}",
+            f"eval.max_prompts={args.eval_prompts}",
+            "eval.interval=0",
+            f"logging.run_dir={out}",
+            "logging.progress=false",
+            "logging.save_final=false",
+            "logging.log_rollout_interval=0",
+        ],
+    )
+    summary = run_training(cfg)
+    return figures(summary, cfg.rollout.generation.num_generations)
+
+
+def figures(summary: dict, group_size: int) -> dict:
+    """The table's figures of one run (its summary plus sums over its metrics.jsonl)."""
+    run_dir = Path(summary["run_dir"])
+    steps = [
+        row
+        for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if "loss" in row
+    ]
+    generated = sum(
+        (r.get("raw_groups") or 0) * group_size * (r.get("response_length") or 0) for r in steps
+    )
+    drift = [r["drift_token_frac"] for r in steps if r.get("drift_token_frac") is not None]
+    initial, final = summary["eval_accuracy_initial"], summary["eval_accuracy_final"]
+    return {
+        "mean_token_staleness": summary["mean_token_staleness"],
+        "drift_token_frac": sum(drift) / len(drift) if drift else float("nan"),
+        "heldout_gain": final - initial if None not in (initial, final) else float("nan"),
+        "generated_tokens_per_s": generated / summary["wall_s"],
+        "producer_idle_frac": summary["producer_idle_frac"],
+        "consumer_idle_frac": summary["consumer_idle_frac"],
+        "response_length": _weighted(steps, "response_length"),
+        "truncated_frac": statistics.fmean(r["truncated_frac"] for r in steps),
+        "overlap_efficiency": summary["overlap_efficiency"],
+        "wall_s": summary["wall_s"],
+        "eval_accuracy_initial": initial,
+        "eval_accuracy_final": final,
+        "steps": summary["steps"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=str(REPO / "recipes" / "demo.yaml"))
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for every run")
+    parser.add_argument("--steps", type=int, default=120, help="training steps per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="data.seed of each pair")
+    parser.add_argument("--variants", nargs="+", default=["demo", "long"], choices=["demo", "long"])
+    parser.add_argument("--chunk-tokens", type=int, default=8, help="in-flight chunk size")
+    parser.add_argument("--eval-prompts", type=int, default=100, help="held-out prompts per eval")
+    parser.add_argument("--long-tokens", type=int, default=64, help="max_new_tokens of 'long'")
+    parser.add_argument("--long-batch", type=int, default=16, help="prompts per generate, 'long'")
+    parser.add_argument("--long-staleness", type=int, default=2, help="max_staleness of 'long'")
+    parser.add_argument("--json", default=None, help="also write every run's figures here")
+    args = parser.parse_args()
+
+    variants = variant_overrides(args)
+    mode_overrides = {
+        "batch": [],
+        "inflight": [
+            "rollout.inflight_updates.enabled=true",
+            f"rollout.inflight_updates.chunk_tokens={args.chunk_tokens}",
+        ],
+    }
+    runs: dict[str, dict[str, list[dict]]] = {v: {m: [] for m in MODES} for v in args.variants}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="zbrl-bench-") as tmp:
+        for seed in args.seeds:
+            for variant in args.variants:
+                for mode in MODES:  # interleaved: both modes of a pair see the same load
+                    out = Path(tmp) / f"{variant}-{mode}-{seed}"
+                    overrides = [
+                        *args.overrides,
+                        *variants[variant],
+                        *mode_overrides[mode],
+                        f"data.seed={seed}",
+                    ]
+                    runs[variant][mode].append(run_once(args, overrides, out))
+    load_after = os.getloadavg()
+
+    header = f"{'variant':<8} {'mode':<9} " + " ".join(name for name, _, _ in FIGURES)
+    print()
+    print(header)
+    print("-" * len(header))
+    for variant in args.variants:
+        for mode in MODES:
+            cells = [fmt.format(_mean(runs[variant][mode], key)) for _, key, fmt in FIGURES]
+            print(f"{variant:<8} {mode:<9} " + " ".join(cells))
+    print(
+        f"\nmeans over seeds {args.seeds}; {args.steps} steps per run, chunks of "
+        f"{args.chunk_tokens} tokens, {args.eval_prompts} held-out prompts per evaluation; "
+        f"'long': max_new_tokens={args.long_tokens}, {args.long_batch} prompts per generate call, "
+        f"max_staleness={args.long_staleness}"
+    )
+    print(
+        f"load average (1, 5, 15 min) before: {_load(load_before)}, after: {_load(load_after)}; "
+        f"{len(os.sched_getaffinity(0))} cores"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
+
+
+def _weighted(steps: list[dict], key: str) -> float:
+    """Mean of a per-batch mean over the run, weighted by each batch's raw groups."""
+    weights = [r.get("raw_groups") or 0 for r in steps]
+    total = sum(weights)
+    return sum(w * (r.get(key) or 0) for w, r in zip(weights, steps)) / total if total else 0.0
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def _load(values: tuple[float, float, float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+if __name__ == "__main__":
+    main()
