@@ -178,6 +178,10 @@ class RewardModelReward(LearnedRewardBase):
     worker_num_gpus: float = Field(default=0.0, ge=0)
     """GPUs reserved by each reward worker (fractions share a GPU); the model goes on the GPU
     when this is above 0."""
+    worker_max_restarts: int = Field(default=3, ge=0)
+    """Ray restarts a reward worker whose process dies up to this many times (per worker);
+    batches sent while it restarts get ``failure_reward``. A worker that dies past its budget
+    ends the run with an error naming it."""
 
 
 class LlmJudgeReward(LearnedRewardBase):

@@ -7,6 +7,11 @@ puts it where those resources are free). A producer sends every batch, whole, to
 in turn (:class:`RayRewardScorer`); the reward's own deadline (``reward.timeout_s``) bounds the
 wait, and a batch whose worker is dead or late scores ``reward.failure_reward``, counted in the
 producer's ``reward_timeouts``.
+
+A worker whose process dies is restarted by Ray (``max_restarts``: its handle stays valid, the
+producers keep sending to it), up to ``reward.worker_max_restarts`` times; the driver's supervisor
+polls :class:`RewardWorkerWatch`, which counts the restarts (``reward_worker_restarts`` in the
+metrics and ``summary.json``) and names a worker that died past its budget, which ends the run.
 """
 
 from __future__ import annotations
@@ -79,7 +84,12 @@ def spawn_reward_workers(cfg: RunConfig) -> list[Any]:
     rw = cfg.reward
     assert isinstance(rw, RewardModelReward)
     data = cfg.model_dump(mode="json")
-    options = {"num_cpus": rw.worker_num_cpus, "num_gpus": rw.worker_num_gpus}
+    options = {
+        "num_cpus": rw.worker_num_cpus,
+        "num_gpus": rw.worker_num_gpus,
+        "max_restarts": rw.worker_max_restarts,
+        "max_task_retries": 0,  # a batch in flight when it died fails (the failure reward)
+    }
     return [
         ray.remote(RewardModelWorker).options(**options).remote(data, i) for i in range(rw.workers)
     ]
@@ -90,3 +100,57 @@ def reward_scorer(cfg: RunConfig, handles: Sequence[Any] | None) -> RayRewardSco
     if not handles:
         return None
     return RayRewardScorer(handles, timeout_s=cfg.reward.timeout_s)  # type: ignore[union-attr]
+
+
+class RewardWorkerWatch:
+    """Reads the reward workers' states from Ray's actor table: restarts since the last poll,
+    and the first worker that is dead for good (past ``reward.worker_max_restarts``)."""
+
+    def __init__(self, handles: Sequence[Any], max_restarts: int, interval_s: float = 2.0) -> None:
+        self.handles = list(handles)
+        self.max_restarts = max_restarts
+        self.interval_s = interval_s
+        self.restarts = 0
+        """Restarts of all the workers seen so far."""
+        self._seen = [0] * len(self.handles)
+        self._next = 0.0
+
+    def track(self, handles: Sequence[Any]) -> None:
+        """Watch ``handles`` instead (the run's workers were re-created); the count goes on."""
+        self.handles = list(handles)
+        self._seen = [0] * len(self.handles)
+
+    def poll(self, now: float) -> tuple[list[str], str | None]:
+        """(a line for each restart seen since the last poll, the error of a worker that is
+        dead for good or None); reads the actor table at most every ``interval_s``."""
+        if not self.handles or now < self._next:
+            return [], None
+        self._next = now + self.interval_s
+        lines: list[str] = []
+        for index, handle in enumerate(self.handles):
+            state, restarts = actor_state(handle)
+            name = f"reward-worker-{index}"
+            for n in range(self._seen[index] + 1, restarts + 1):
+                lines.append(
+                    f"{name}'s process died; Ray restarts it ({n} of {self.max_restarts} "
+                    "restarts, reward.worker_max_restarts)"
+                )
+            self.restarts += max(0, restarts - self._seen[index])
+            self._seen[index] = max(self._seen[index], restarts)
+            if state == "DEAD":
+                return lines, (
+                    f"{name} died and was not restarted ({restarts} of {self.max_restarts} "
+                    "restarts used, reward.worker_max_restarts): the producers cannot score. "
+                    "See its log under the Ray session's logs; raise reward.worker_max_restarts "
+                    "or score in the producers (reward.workers=0)"
+                )
+        return lines, None
+
+
+def actor_state(handle: Any) -> tuple[str, int]:
+    """An actor's state (``ALIVE``, ``RESTARTING``, ``DEAD``, ...) and its restart count, from
+    the cluster's actor table."""
+    from ray._private import state
+
+    row = state.actors(handle._actor_id.hex())
+    return str(row.get("State", "")), int(row.get("NumRestarts", 0))

@@ -14,6 +14,8 @@ goes wrong without ending the run when it need not:
   optimizer state and the version, the buffer and the producers hold what was generated for the
   steps after it, so they all go back to that checkpoint together, the run's step logs are cut
   back to it and the steps since are trained again (docs/survival.md says what that means).
+- a **reward worker** whose process died is restarted by Ray (``reward.worker_max_restarts``
+  each); the restarts are counted, and a worker dead past its budget ends the run, naming it.
 - an **evaluator** that fails is reported as a warning and re-created; evaluations due while it
   is away are skipped.
 - the first **SIGINT/SIGTERM** (see :mod:`zbrl.launch.signals`), and a failure that ends the run
@@ -34,6 +36,7 @@ from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
 from zbrl.launch.placement import record_placement
 from zbrl.launch.resume import truncate_logs
+from zbrl.launch.reward_workers import RewardWorkerWatch
 from zbrl.launch.run_dir import CHECKPOINTS
 from zbrl.launch.signals import StopSignals
 from zbrl.launch.spawn import Spawner, Workers, checkpoint_start
@@ -65,6 +68,8 @@ class Outcome:
     consumer_restarts: int = 0
     """Times the consumers died and every worker was re-created from the newest checkpoint."""
     evaluator_failures: int = 0
+    reward_worker_restarts: int = 0
+    """Times Ray restarted a reward worker whose process died."""
     evals: dict[int, dict] = field(default_factory=dict)
 
 
@@ -105,6 +110,8 @@ class Supervisor:
         self._eval_ref: Any = None
         self._next_eval = cfg.eval.interval or None
         self._weights_bytes = weights_bytes(spawner.start.model_dir)
+        budget = getattr(cfg.reward, "worker_max_restarts", 0)
+        self._reward_watch = RewardWorkerWatch(workers.reward_workers, budget)
 
     def run(self) -> Outcome:
         import ray
@@ -125,6 +132,7 @@ class Supervisor:
                 else:
                     self._on_returned(ref, self._running.pop(ref))
             self.monitor.poll()
+            self._watch_reward_workers()
             self._evaluate_when_due()
         if self._eval_ref is not None and self._stop_deadline is None:
             self._collect_eval(timeout=1800)
@@ -195,6 +203,7 @@ class Supervisor:
         self.monitor.rewind(start.version)
         workers, self.spawner = self.spawner.respawn(start, buffer_state)
         self.workers.replace_with(workers)
+        self._reward_watch.track(workers.reward_workers)
         self.buffer = BufferClient(RayHandle(workers.buffer))
         try:
             self._wait_until_ready()
@@ -213,7 +222,8 @@ class Supervisor:
         import ray
 
         w = self.workers
-        actors = [a for a in (*w.producers, *w.consumers, w.evaluator, w.buffer, w.store) if a]
+        shared = (w.evaluator, w.buffer, w.store, *w.reward_workers)  # all re-created
+        actors = [a for a in (*w.producers, *w.consumers, *shared) if a]
         for actor in actors:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
@@ -245,6 +255,18 @@ class Supervisor:
                 if kind != "ok":
                     raise RunFailed(value)
             self.monitor.poll()
+
+    def _watch_reward_workers(self) -> None:
+        lines, dead = self._reward_watch.poll(time.monotonic())
+        for line in lines:
+            print(f"[zbrl] warning: {line}", file=sys.stderr, flush=True)
+        if lines:
+            restarts = self.outcome.reward_worker_restarts = self._reward_watch.restarts
+            self.monitor.log_event(
+                self.monitor.latest_step, {"reward_worker_restarts": float(restarts)}
+            )
+        if dead is not None and self.outcome.failure is None:
+            self._fail(RunFailed(dead), consumer_lives=True)
 
     def _restart_producer(self, index: int, cause: str) -> None:
         since = time.time()
