@@ -322,7 +322,6 @@ def execute(
         consumer_restarts=outcome.consumer_restarts,
         evaluator_failures=outcome.evaluator_failures,
         reward_worker_restarts=outcome.reward_worker_restarts,
-        reward_worker_restarts=outcome.reward_worker_restarts,
         interrupted=outcome.stop_reason,
         resumed_from=str(resume.path) if resume is not None else None,
         checkpoint=checkpoint,
