@@ -6,9 +6,10 @@ Variable lengths stay variable: every completion keeps its own length; nothing h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where used: the driver, the telemetry hub and the weight store
+    import torch  # handle these types without importing torch (docs/performance.md, Start-up)
 
 
 @dataclass
@@ -77,6 +78,8 @@ class RolloutGroup:
 
     def versions(self, g: int) -> torch.Tensor:
         """int64 [L_g]: the version of each token of completion ``g``."""
+        import torch
+
         if self.token_versions is not None:
             return self.token_versions[g]
         return torch.full((int(self.response_ids[g].numel()),), self.policy_version)
@@ -84,6 +87,8 @@ class RolloutGroup:
     def __getstate__(self) -> dict[str, Any]:
         # One flat tensor per field instead of 2·G small ones: pickling (Ray's wire format) pays a
         # fixed cost per tensor, which dominated the producer's push time for short responses.
+        import torch
+
         state = dict(self.__dict__)
         lengths = [int(t.numel()) for t in self.response_ids]
         state["response_ids"] = (_flat(self.response_ids, torch.long), lengths)
@@ -95,6 +100,8 @@ class RolloutGroup:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        import torch
+
         for key in ("response_ids", "behaviour_logprobs", "loss_masks", "token_versions"):
             if state.get(key) is None:  # optional fields unset (or absent from older pickles)
                 state[key] = None
@@ -156,4 +163,6 @@ class WeightsMessage:
 
 
 def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    import torch
+
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
