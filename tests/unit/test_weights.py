@@ -92,7 +92,9 @@ def test_cpu_copy_is_detached_and_independent():
 def test_publish_returns_before_the_send_finishes(closers):
     store = WeightStore()
     handle = GatedHandle(store)
-    pub = ObjectStorePublisher(WeightStoreClient(handle), SpanRecorder("c", "consumer"))
+    pub = ObjectStorePublisher(
+        WeightStoreClient(handle), SpanRecorder("c", "consumer"), send_on_caller_max_bytes=0
+    )
     closers.append(pub)
     pub.publish(1, state(1))
     # publish has returned while the background send is (or will be) blocked on the gate
@@ -110,7 +112,7 @@ def test_publish_returns_before_the_send_finishes(closers):
 def test_newer_staged_version_supersedes_older_unsent(closers):
     store = WeightStore()
     handle = GatedHandle(store)
-    pub = ObjectStorePublisher(WeightStoreClient(handle))
+    pub = ObjectStorePublisher(WeightStoreClient(handle), send_on_caller_max_bytes=0)
     closers.append(pub)
     pub.publish(1, state(1))
     assert handle.started.wait(WAIT)  # v1 is being sent (blocked)
@@ -140,7 +142,7 @@ def test_published_payload_is_a_copy_never_torn(closers):
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     store = WeightStore()
     handle = GatedHandle(store)
-    pub = ObjectStorePublisher(WeightStoreClient(handle))
+    pub = ObjectStorePublisher(WeightStoreClient(handle), send_on_caller_max_bytes=0)
     closers.append(pub)
     pub.publish(1, {**model.state_dict(), "v": torch.tensor(1.0)})
     assert handle.started.wait(WAIT)
@@ -157,7 +159,7 @@ def test_published_payload_is_a_copy_never_torn(closers):
 
 def test_flush_times_out_with_clear_message(closers):
     handle = GatedHandle(WeightStore())
-    pub = ObjectStorePublisher(WeightStoreClient(handle))
+    pub = ObjectStorePublisher(WeightStoreClient(handle), send_on_caller_max_bytes=0)
     closers.append(pub)
     pub.publish(1, state(1))
     with pytest.raises(TimeoutError, match="not published within"):
@@ -167,7 +169,9 @@ def test_flush_times_out_with_clear_message(closers):
 
 
 def test_publisher_background_error_surfaces_on_next_call(closers):
-    pub = ObjectStorePublisher(WeightStoreClient(FailingHandle(WeightStore(), put_fails=True)))
+    pub = ObjectStorePublisher(
+        WeightStoreClient(FailingHandle(WeightStore(), put_fails=True)), send_on_caller_max_bytes=0
+    )
     closers.append(pub)
     pub.publish(1, state(1))  # returns: the failure happens on the background thread
     with pytest.raises(RuntimeError, match=r"weight publishing failed.*object store unreachable"):
@@ -178,7 +182,9 @@ def test_publisher_background_error_surfaces_on_next_call(closers):
 
 def test_publisher_records_publish_spans_on_weights_thread(closers):
     rec = SpanRecorder("c", "consumer")
-    pub = ObjectStorePublisher(WeightStoreClient(LocalHandle(WeightStore())), rec)
+    pub = ObjectStorePublisher(
+        WeightStoreClient(LocalHandle(WeightStore())), rec, send_on_caller_max_bytes=0
+    )
     closers.append(pub)
     pub.publish(1, state(1))
     pub.flush(timeout=WAIT)
@@ -303,3 +309,105 @@ def test_factory_builds_object_store_sync_from_the_config(closers):
     assert receiver.wait_for(1, timeout=WAIT)
     got = {}
     assert receiver.receive_into(got.update) and got["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_small_version_is_announced_before_publish_returns(closers):
+    store = WeightStore()
+    rec = SpanRecorder("c", "consumer")
+    pub = ObjectStorePublisher(
+        WeightStoreClient(LocalHandle(store)), rec, send_on_caller_max_bytes=1024
+    )
+    closers.append(pub)
+    weights = state(1)
+    pub.publish(1, weights)
+    # no flush: the announcement is in the store when publish returns, and it is a copy
+    assert store.latest_version() == 1 and pub.sent_version == 1
+    assert store.latest().payload["w"].data_ptr() != weights["w"].data_ptr()
+    assert [(s["name"], s["thread"], s["attrs"]["version"]) for s in rec.drain()] == [
+        ("publish_weights", "main", 1)
+    ]
+
+
+def test_a_version_over_the_limit_goes_to_the_background_thread(closers):
+    store = WeightStore()
+    handle = GatedHandle(store)
+    pub = ObjectStorePublisher(WeightStoreClient(handle), send_on_caller_max_bytes=15)
+    closers.append(pub)
+    pub.publish(1, state(1, size=3))  # 4 + 12 = 16 bytes > 15: background
+    assert store.latest_version() == -1
+    handle.gate.set()
+    pub.flush(timeout=WAIT)
+    pub.publish(2, {"v": torch.tensor(2.0), "w": torch.full((2,), 2.0)})  # 12 bytes: here
+    assert store.latest_version() == 2 and handle.put_versions == [1, 2]
+
+
+def test_a_failed_send_on_the_calling_thread_raises_there_and_stays(closers):
+    pub = ObjectStorePublisher(WeightStoreClient(FailingHandle(WeightStore(), put_fails=True)))
+    closers.append(pub)
+    with pytest.raises(RuntimeError, match=r"weight publishing failed.*object store unreachable"):
+        pub.publish(1, state(1))
+    with pytest.raises(RuntimeError, match="weight publishing failed"):
+        pub.flush(timeout=WAIT)
+
+
+class CountingStore(WeightStore):
+    """Counts the calls a receiver makes per version."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def wait_for_message(self, have, timeout):
+        self.calls.append("wait_for_message")
+        return super().wait_for_message(have, timeout)
+
+    def wait_for_newer(self, have, timeout):
+        self.calls.append("wait_for_newer")
+        return super().wait_for_newer(have, timeout)
+
+    def latest(self):
+        self.calls.append("latest")
+        return super().latest()
+
+
+def test_receiver_gets_each_version_with_its_long_poll(closers):
+    store = CountingStore()
+    store.put(WeightsMessage(1, time.time(), state(1)))
+    receiver = ObjectStoreReceiver(WeightStoreClient(LocalHandle(store)), poll_interval_s=0.2)
+    closers.append(receiver)
+    assert receiver.wait_for(1, timeout=WAIT)
+    store.put(WeightsMessage(2, time.time(), state(2)))
+    assert receiver.wait_for(2, timeout=WAIT)
+    # the long poll brings the message: no second call for it
+    assert set(store.calls) == {"wait_for_message"}
+    got = {}
+    assert receiver.receive_into(got.update) and got["w"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_store_wait_for_message_returns_the_newer_announcement_or_none():
+    store = WeightStore()
+    assert store.wait_for_message(-1, timeout=0.01) is None
+    store.put(WeightsMessage(1, 0.0, "p1"))
+    assert store.wait_for_message(-1, timeout=0).payload == "p1"
+    assert store.wait_for_message(1, timeout=0.01) is None
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("m", store.wait_for_message(1, 30)))
+    waiter.start()
+    store.put(WeightsMessage(2, 0.0, "p2"))
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and got["m"].version == 2 and got["m"].payload == "p2"
+
+
+class RefusingStore(WeightStore):
+    def put(self, message):
+        raise ConnectionError("weight store gone")
+
+
+def test_an_announcement_sent_without_waiting_fails_at_the_next_flush(closers):
+    pub = ObjectStorePublisher(WeightStoreClient(LocalHandle(RefusingStore())))
+    closers.append(pub)
+    pub.publish(1, state(1))  # the announcement's answer is not awaited here
+    with pytest.raises(RuntimeError, match=r"weight publishing failed.*weight store gone"):
+        pub.flush(timeout=WAIT)
+    with pytest.raises(RuntimeError, match="weight publishing failed"):
+        pub.publish(2, state(2))

@@ -161,13 +161,15 @@ class Consumer:
             metrics = self.trainer.train(batch.groups, policy_version=self.version)
         train_s = time.time() - start
         self.version += 1
-        weights = self.trainer.engine.full_state_dict()  # a collective on sharded engines
-        if self.rank == 0:
-            self.publisher.publish(self.version, weights)
         if self.lending is not None:
             torch.set_num_threads(self.lending.own)  # before the parked producers wake
             metrics["lent_threads"] = float(threads - self.lending.own)
+        # admission first: it travels while the weights are copied and announced (a producer
+        # needs both; it waits for the weights after its reservation)
         self.buffer.advance_version(self.version)
+        weights = self.trainer.engine.full_state_dict()  # a collective on sharded engines
+        if self.rank == 0:
+            self.publisher.publish(self.version, weights)
         self.groups_trained += len(batch.groups)
         self.samples_trained += sum(g.group_size for g in batch.groups)
         self.partial_batches += int(batch.partial)

@@ -111,8 +111,17 @@ class WeightStoreClient:
         """Make ``message`` the latest version (False when it is not newer)."""
         return self.handle.call(WeightStore.put, message)
 
+    def announce_without_waiting(self, message: WeightsMessage) -> Pending:
+        """:meth:`announce`, sent without waiting: the result (or error) comes from the
+        returned call's ``result()``."""
+        return self.handle.send(WeightStore.put, message)
+
     def wait_for_newer(self, have: int, timeout: float) -> int:
         return self.handle.call(WeightStore.wait_for_newer, have, timeout)
+
+    def wait_for_message(self, have: int, timeout: float) -> WeightsMessage | None:
+        """The latest announcement once it is newer than ``have`` (None after ``timeout``)."""
+        return self.handle.call(WeightStore.wait_for_message, have, timeout, timeout=timeout + 60)
 
     def latest(self) -> WeightsMessage | None:
         return self.handle.call(WeightStore.latest)

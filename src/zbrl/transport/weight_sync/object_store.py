@@ -4,10 +4,18 @@ Implements the protocol of :mod:`zbrl.transport.weight_sync.base`:
 ``ObjectStorePublisher.publish(version, named_tensors)`` on the consumer,
 ``ObjectStoreReceiver.poll()`` and ``ObjectStoreReceiver.receive_into(load)`` on a producer. Over
 the object store: a published version is one immutable object (a CPU copy of every tensor, taken on
-the training thread), sent by a background thread, and announced to the small weight store
+the training thread), put in the object store and announced to the small weight store
 (:mod:`zbrl.transport.weight_sync.store`). The object store caches the latest weights for every
 producer. A version is never torn: each one is
 its own copy, and a newer version supersedes an older one that is still waiting to be sent.
+
+Small versions (up to ``send_on_caller_max_bytes``, :data:`SEND_ON_CALLER_MAX_BYTES` by default:
+the embedded demo's 2.2 MB, LoRA adapters) are put and announced by ``publish`` itself, on the
+training thread; larger ones by a background thread. A background thread's Ray calls share
+the GIL with the training thread, which a small model's step holds most of the time, so on a
+small model they reached the store about twice as late (docs/performance.md, "The demo at
+staleness 1"). A receiver gets each version in one round trip: its long poll
+(``WeightStore.wait_for_message``) returns the announcement itself.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from typing import Any
 
 import torch
 
-from zbrl.telemetry.spans import LOAD_WEIGHTS, PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import LOAD_WEIGHTS, MAIN_THREAD, PUBLISH_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
+from zbrl.transport.handles import Pending
 from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.types import WeightsMessage
 
@@ -46,9 +55,15 @@ def payload_bytes(named_tensors: NamedTensors) -> int:
     return sum(t.numel() * t.element_size() for t in named_tensors.values())
 
 
+SEND_ON_CALLER_MAX_BYTES = 16 * 2**20
+"""Versions up to this many bytes are put and announced on the thread that calls ``publish``
+(a few milliseconds of that thread's time for a few MB); larger ones by the background thread."""
+
+
 class ObjectStorePublisher(BackgroundSender):
     """Consumer side: copy to staging on the calling thread (floating-point tensors cast to
-    ``dtype``, the receivers' inference dtype, when given), send from a background thread.
+    ``dtype``, the receivers' inference dtype, when given); a version of at most
+    ``send_on_caller_max_bytes`` is sent there too, a larger one from a background thread.
     ``_pending``: ``(version, staged tensors, staged at)``."""
 
     what = "published"
@@ -59,20 +74,72 @@ class ObjectStorePublisher(BackgroundSender):
         store: WeightStoreClient,
         recorder: SpanRecorder | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        send_on_caller_max_bytes: int = SEND_ON_CALLER_MAX_BYTES,
     ) -> None:
+        """``send_on_caller_max_bytes``: 0 sends every version from the background thread."""
         super().__init__("weight-publisher")
         self._store = store
         self._recorder = recorder
         self._dtype = dtype
+        self._send_on_caller_max_bytes = send_on_caller_max_bytes
+        self._announcing: Pending | None = None
+        """The announcement last sent from the calling thread, until it is settled."""
         self._thread.start()
 
     def publish(self, version: int, named_tensors: NamedTensors) -> None:
-        """Stage ``version`` and return at once; the send happens in the background."""
+        """Stage ``version``; send it now when it is small, else return at once and let the
+        background thread send it. The receivers load it later either way."""
         self._raise_if_failed()
         staged = cpu_copy(named_tensors, self._dtype)
+        staged_at = time.time()
+        if payload_bytes(staged) <= self._send_on_caller_max_bytes:
+            self._send_on_caller(version, staged, staged_at)
+            return
         with self._cond:
-            self._pending = (version, staged, time.time())
+            self._pending = (version, staged, staged_at)
             self._cond.notify_all()
+
+    def _send_on_caller(
+        self, version: int, staged: dict[str, torch.Tensor], staged_at: float
+    ) -> None:
+        """Put the tensors and send the announcement on this thread without waiting for the
+        store's answer (it is settled at the next ``publish`` or ``flush``). A failure is
+        raised here or there, and stays the publisher's error, as a background one would."""
+        start = time.time()
+        try:
+            self._settle_announcement()
+            payload = self._store.put_payload(staged)
+            message = WeightsMessage(version, staged_at, payload)
+            self._announcing = self._store.announce_without_waiting(message)
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        self._record(version, staged, start, MAIN_THREAD)
+        with self._cond:
+            self._sent_version = max(self._sent_version, version)
+            self._cond.notify_all()
+
+    def _settle_announcement(self) -> None:
+        """Wait for the announcement sent last from the calling thread (raising its error)."""
+        pending, self._announcing = self._announcing, None
+        if pending is not None:
+            pending.result()
+
+    def _failed(self, exc: Exception) -> RuntimeError:
+        """Keep ``exc`` as the publisher's error; returns the error to raise."""
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+        return RuntimeError(f"{self.failure} failed: {exc!r}")
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Wait until the newest version has reached the store (either way it was sent)."""
+        self._raise_if_failed()
+        try:
+            self._settle_announcement()
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        super().flush(timeout)
 
     def _send_loop(self) -> None:
         while True:
@@ -97,15 +164,21 @@ class ObjectStorePublisher(BackgroundSender):
                 self._cond.notify_all()
 
     def _send(self, version: int, staged: dict[str, torch.Tensor], staged_at: float) -> None:
+        """The background thread's send: put, then announce and wait for the store."""
         start = time.time()
         payload = self._store.put_payload(staged)
         self._store.announce(WeightsMessage(version, staged_at, payload))
+        self._record(version, staged, start, "weights")
+
+    def _record(
+        self, version: int, staged: dict[str, torch.Tensor], start: float, thread: str
+    ) -> None:
         if self._recorder is not None:
             self._recorder.record(
                 PUBLISH_WEIGHTS,
                 start,
                 time.time(),
-                thread="weights",
+                thread=thread,
                 version=version,
                 bytes=payload_bytes(staged),
             )
@@ -204,11 +277,10 @@ class ObjectStoreReceiver:
                 return
 
     def _fetch_newer(self) -> None:
-        """Long-poll the store (at most ``poll_interval_s`` per call) and fetch a newer version."""
+        """Long-poll the store (at most ``poll_interval_s`` per call; the announcement comes
+        with the wake-up) and fetch a newer version's tensors."""
         have = -1 if self._fetched is None else self._fetched.version
-        if self._store.wait_for_newer(have, self._poll_interval_s) <= have:
-            return
-        message = self._store.latest()
+        message = self._store.wait_for_message(have, self._poll_interval_s)
         if message is None or message.version <= have:
             return
         state = self._store.get_payload(message.payload)
