@@ -1,6 +1,9 @@
-"""The run's model and tokenizer sources resolved to local directories, and the pre-flight check
+"""The run's model and tokenizer sources resolved to local directories, the pre-flight check
 that they hold a model, a tokenizer and a chat template that renders (see
-:mod:`zbrl.models.sources` for the forms ``model.path`` takes)."""
+:mod:`zbrl.models.sources` for the forms ``model.path`` takes), and the tokenizer loaded.
+
+Nothing here imports torch at import time: the driver loads the tokenizer without the model
+classes (docs/performance.md, Start-up)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,29 @@ def user_tokenizer_dir(cfg: RunConfig, *, verbose: bool = True) -> Path | None:
     if spec is None:
         return None
     return resolve(spec, cfg.logging.cache_dir, field="model.tokenizer_path", verbose=verbose)
+
+
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers in worker logs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
+    """The tokenizer in ``tokenizer_dir`` with ``model.chat_template`` applied when set; a
+    RunError when it is left without a chat template."""
+    from transformers import AutoTokenizer
+
+    from zbrl.models.chat_template import apply_chat_template_setting
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer_dir, trust_remote_code=cfg.model.trust_remote_code
+    )
+    return apply_chat_template_setting(
+        tokenizer, cfg.model.chat_template, model=tokenizer_label(cfg)
+    )
 
 
 def tokenizer_label(cfg: RunConfig) -> str:
@@ -60,7 +86,6 @@ def check_model_source(cfg: RunConfig) -> None:
 
 
 def check_tokenizer(cfg: RunConfig, tokenizer_dir: Path) -> None:
-    from zbrl.assembly.models import load_tokenizer
     from zbrl.models.chat_template import check_renders
 
     try:

@@ -8,17 +8,10 @@ from pathlib import Path
 import torch
 
 from zbrl.assembly.input_checks import check_backend_installed  # noqa: F401 (its old home)
+from zbrl.assembly.model_source import load_tokenizer, quiet_transformers  # noqa: F401 (same)
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-
-
-def quiet_transformers() -> None:
-    """No per-file progress bars from transformers in worker logs."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -42,22 +35,6 @@ def load_policy(cfg: RunConfig, model_dir: Path, dtype: torch.dtype):
         model_dir,
         dtype=dtype,
         trust_remote_code=cfg.model.trust_remote_code,
-    )
-
-
-def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
-    """The tokenizer in ``tokenizer_dir`` with ``model.chat_template`` applied when set; a
-    RunError when it is left without a chat template."""
-    from transformers import AutoTokenizer
-
-    from zbrl.assembly.model_source import tokenizer_label
-    from zbrl.models.chat_template import apply_chat_template_setting
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        tokenizer_dir, trust_remote_code=cfg.model.trust_remote_code
-    )
-    return apply_chat_template_setting(
-        tokenizer, cfg.model.chat_template, model=tokenizer_label(cfg)
     )
 
 

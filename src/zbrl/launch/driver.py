@@ -111,7 +111,7 @@ class RunInputs:
 def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
     """Build or fetch the model, load and encode every dataset, count the steps."""
     from zbrl.assembly.artifacts import prepare_artifacts
-    from zbrl.assembly.models import quiet_transformers
+    from zbrl.assembly.model_source import quiet_transformers
 
     quiet_transformers()
     artifacts = prepare_artifacts(cfg)
@@ -219,7 +219,7 @@ def encode_datasets(
 ) -> tuple[list[EncodedPrompt], dict[str, list[EncodedPrompt]]]:
     """Every prompt of the training set and of each eval set, encoded with the chat template; a
     RunError or DatasetError naming the set when one cannot be."""
-    from zbrl.assembly.models import load_tokenizer
+    from zbrl.assembly.model_source import load_tokenizer
 
     tokenizer = load_tokenizer(cfg, artifacts.tokenizer_dir)
     limit = cfg.data.max_prompts

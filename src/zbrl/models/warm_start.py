@@ -24,9 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
-from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from zbrl.data.synthetic import (
     SYSTEM_PROMPT,
@@ -35,8 +33,10 @@ from zbrl.data.synthetic import (
     make_row,
     reference_completion,
 )
-from zbrl.models.tiny import build_tiny_model, save_model_dir
-from zbrl.models.tokenizer import build_tokenizer
+
+if TYPE_CHECKING:  # imported where a model is trained: a cached warm start is found without them
+    import torch
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 MARKER = "WARM_START_COMPLETE"
 _CACHE_VERSION = 2
@@ -141,6 +141,9 @@ def read_warm_start_summary(model_dir: str | Path) -> dict:
 
 
 def _build(settings: WarmStartSettings, out_dir: Path, *, eval_size: int, verbose: bool) -> dict:
+    from zbrl.models.tiny import build_tiny_model, save_model_dir
+    from zbrl.models.tokenizer import build_tokenizer
+
     started = time.perf_counter()
     tokenizer = build_tokenizer()
     model = build_tiny_model(
@@ -222,6 +225,8 @@ def _prompt_and_full_ids(
 def _sft_batch(
     examples: Sequence[tuple[list[int], list[int]]], pad_id: int
 ) -> dict[str, torch.Tensor]:
+    import torch
+
     width = max(len(full) for _, full in examples)
     input_ids_BT = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels_BT = torch.full((len(examples), width), -100, dtype=torch.long)
@@ -252,6 +257,8 @@ def train_sft(
     ``should_stop(step)`` is called after each step (1-based) and ends training when it returns
     True. Returns the per-step losses.
     """
+    import torch
+
     examples = [_prompt_and_full_ids(tokenizer, row) for row in rows]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -284,7 +291,6 @@ def train_sft(
     return losses
 
 
-@torch.no_grad()
 def generate_responses(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -295,6 +301,20 @@ def generate_responses(
     batch_size: int = 256,
 ) -> list[str]:
     """Decoded responses (special tokens dropped) for each row; ``temperature=0`` is greedy."""
+    import torch
+
+    with torch.no_grad():
+        return _generate_responses(model, tokenizer, rows, temperature, max_new_tokens, batch_size)
+
+
+def _generate_responses(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[dict],
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+) -> list[str]:
     was_training = model.training
     model.eval()
     responses: list[str] = []
@@ -337,6 +357,8 @@ def evaluate(
     This is a self-contained sanity check for the warm start, not the project's reward function
     (``zbrl.rewards``); the answer must be in ``<answer>`` and equal ``gt_answer`` as a string.
     """
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         responses = generate_responses(
