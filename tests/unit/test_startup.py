@@ -13,6 +13,7 @@ import pytest
 
 from zbrl import cli
 from zbrl.launch import driver
+from zbrl.launch.ray_setup import RayStart
 from zbrl.launch.startup import (
     DRIVER_PHASES,
     StartupClock,
@@ -30,6 +31,7 @@ def _clock() -> StartupClock:
     """A clock at T0 whose driver phases end 1, 2, ... 8 s after it."""
     clock = StartupClock(origin=T0)
     clock.marks = {phase: T0 + i for i, phase in enumerate(DRIVER_PHASES, start=1)}
+    clock.background = {"ray_start": 2.5}
     return clock
 
 
@@ -59,6 +61,7 @@ def test_the_summary_and_the_log_carry_the_startup_breakdown(tmp_path, capsys):
     assert parts["first_generation"] == pytest.approx(1.5)
     assert parts["first_train_step"] == pytest.approx(0.75)
     assert sum(parts.values()) == pytest.approx(summary["startup_s"])
+    assert summary["startup_background"] == {"ray_start": 2.5}
     assert summary["startup_workers"] == {
         "producer-0": {"total_s": 2.0, "imports_s": 1.25},
         "consumer-0": {"total_s": 2.5, "trainer_s": 0.5},
@@ -155,3 +158,73 @@ def cli_config(tmp_path: Path, model: Path, task: tuple[Path, Path]):
             f"logging.cache_dir={tmp_path}/cache",
         ],
     )
+
+
+# -- Ray starts in the background while the inputs are prepared ----------------------------------
+
+
+def test_the_background_start_hands_over_its_value_and_holds_rays_log_lines(caplog):
+    import logging
+
+    def start():
+        logging.getLogger("ray.fake").warning("a notice Ray prints while it starts")
+        return "up"
+
+    stopped = []
+    with caplog.at_level(logging.WARNING, logger="ray"):
+        ray_start = RayStart(start, stopped.append)
+        ray_start._ready.wait(10)
+        assert "a notice" not in caplog.text  # held while the driver prepares the inputs
+        assert ray_start.result() == "up"
+        assert "a notice Ray prints while it starts" in caplog.text  # printed once Ray is taken
+    ray_start.abandon()  # after result(): nothing to undo
+    ray_start.release()
+    assert stopped == [] and ray_start.seconds is not None
+
+
+def test_a_start_that_fails_undoes_rays_start_and_drops_its_log_lines(caplog):
+    import logging
+
+    def start():
+        logging.getLogger("ray.fake").warning("a notice Ray prints while it starts")
+        return "up"
+
+    stopped = []
+    with caplog.at_level(logging.WARNING, logger="ray"):
+        ray_start = RayStart(start, stopped.append)
+        ray_start.abandon()  # the inputs failed: wait, undo, say nothing of Ray
+    assert stopped == ["up"]
+    assert "a notice" not in caplog.text
+    assert not ray_start._thread.is_alive() or ray_start._released.is_set()
+
+
+def test_rays_own_failure_is_raised_by_result_and_not_undone():
+    def start():
+        raise RuntimeError("no Ray today")
+
+    stopped = []
+    failing = RayStart(start, stopped.append)
+    with pytest.raises(RuntimeError, match="no Ray today"):
+        failing.result()
+    RayStart(start, stopped.append).abandon()  # nothing started: nothing to undo
+    assert stopped == []
+
+
+def test_the_start_until_ray_imports_neither_torch_nor_ray(tmp_path):
+    """``zbrl train`` reaches the point where Ray starts (config, pre-flight, run-dir checks)
+    without importing torch, transformers or Ray: the rest is imported while Ray starts."""
+    script = f"""
+import sys
+from zbrl import cli
+from zbrl.config import load_config
+from zbrl.launch import driver
+from zbrl.launch.preflight import preflight
+cfg = load_config({str(cli.DEMO_RECIPE)!r}, ["logging.run_dir={tmp_path}/run"])
+preflight(cfg)
+driver.check_run_dir_of(cfg, None, False)
+cli.build_parser()
+print(sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -37,7 +37,7 @@ from zbrl.training.checkpoint import Checkpoint, find_latest
 if TYPE_CHECKING:
     from zbrl.assembly.artifacts import Artifacts
     from zbrl.launch.monitor import RunMonitor
-    from zbrl.launch.spawn import Spawner, StartPoint, Workers
+    from zbrl.launch.spawn import SharedActors, Spawner, StartPoint, Workers
     from zbrl.launch.supervisor import Outcome, Supervisor
     from zbrl.types import EncodedPrompt
 
@@ -69,7 +69,7 @@ def run_training(
     preflight(cfg)  # packages, reward, data files, addresses, GPUs, model and tokenizer
     check_run_dir_of(cfg, resume, sibling_if_used)  # in use, or holding checkpoints
     clock.mark("preflight")
-    ray_start = RayStart(lambda: init_ray(cfg))  # Ray starts while the inputs are prepared
+    ray_start = RayStart(lambda: start_ray(cfg), stop_ray)  # while the inputs are prepared
     try:
         inputs = prepare_inputs(cfg, resume)  # a bad dataset line or an empty dataset fails here
         clock.mark("inputs")
@@ -123,6 +123,41 @@ def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
     return RunInputs(artifacts, train_prompts, eval_sets, total_steps, start, buffer_state, resume)
 
 
+@dataclass(frozen=True)
+class RayUp:
+    """Ray, up: whether this run started it, and the actors asked for as soon as it was."""
+
+    started: bool
+    """This run started Ray (and shuts it down)."""
+    shared: SharedActors
+    """The placement, telemetry hub, rollout buffer and weight store."""
+
+
+def start_ray(cfg: RunConfig) -> RayUp:
+    """Start (or join) Ray and ask for what needs nothing but the config (the driver's
+    background start, :class:`zbrl.launch.ray_setup.RayStart`)."""
+    from zbrl.launch.spawn import start_shared_actors
+
+    started = init_ray(cfg)
+    try:
+        return RayUp(started, start_shared_actors(cfg))
+    except BaseException:
+        if started:
+            import ray
+
+            ray.shutdown()
+        raise
+
+
+def stop_ray(up: RayUp) -> None:
+    """Undo :func:`start_ray` (a start that failed before the workers were created)."""
+    up.shared.end()
+    if up.started:
+        import ray
+
+        ray.shutdown()
+
+
 def check_run_dir_of(cfg: RunConfig, resume: Checkpoint | None, sibling_if_used: bool) -> None:
     """Refuse a run dir that :func:`prepare_run_dir` would refuse, without creating it."""
     if resume is not None:
@@ -137,7 +172,7 @@ def _train(
     inputs: RunInputs,
     sink: MetricsSink,
     clock: StartupClock,
-    ray_start: RayStart,
+    ray_start: RayStart[RayUp],
 ) -> dict[str, Any]:
     from zbrl.launch.monitor import RunMonitor
     from zbrl.launch.placement import record_placement
@@ -145,8 +180,10 @@ def _train(
     from zbrl.transport.clients import HubClient
     from zbrl.transport.handles import RayHandle
 
-    started_ray = ray_start.result()
+    up = ray_start.result()
     clock.mark("ray_init")
+    if ray_start.seconds is not None:
+        clock.background["ray_start"] = ray_start.seconds
     workers: Workers | None = None
     with StopSignals() as signals:  # after ray.init, which installs its own SIGTERM handler
         try:
@@ -159,6 +196,7 @@ def _train(
                 inputs.total_steps,
                 inputs.start,
                 inputs.buffer_state,
+                shared=up.shared,
             )
             clock.mark("actors")
             wait_until_ready(cfg, workers)
@@ -180,7 +218,9 @@ def _train(
                 raise blamed from exc
             raise
         finally:
-            shutdown(workers, started_ray)
+            if workers is None:  # the workers were never created: end the shared actors
+                up.shared.end()
+            shutdown(workers, up.started)
             ray_start.release()
 
 

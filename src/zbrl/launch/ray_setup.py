@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
@@ -141,13 +142,17 @@ def _torch_cuda_version() -> str | None:
     return None if value == "None" else value
 
 
-class RayStart:
-    """Ray starting in a background thread (``start``: :func:`init_ray` for the run), so that it
-    starts while the driver prepares the run's inputs (docs/performance.md, Start-up).
+T = TypeVar("T")
 
-    :meth:`result` waits for it and returns what ``start`` returned (True: this run started Ray
-    and must shut it down) or raises what it raised. A start that fails before it takes the
-    result calls :meth:`abandon`, which waits for the thread and shuts down the Ray it started.
+
+class RayStart(Generic[T]):
+    """Ray starting in a background thread (``start``: :func:`init_ray` for the run, and what
+    needs nothing but Ray), so that it starts while the driver prepares the run's inputs
+    (docs/performance.md, Start-up).
+
+    :meth:`result` waits for it and returns what ``start`` returned or raises what it raised. A
+    start that fails before it takes the result calls :meth:`abandon`, which waits for the
+    thread and undoes what it did (``stop``: shut down the Ray it started, say).
     ``seconds`` is how long Ray took to start. What Ray logs from that thread meanwhile (its
     notice about token authentication, say) is held and printed when the run takes Ray, so that
     a start that fails on its inputs still prints one ``error:`` line and nothing else.
@@ -157,9 +162,10 @@ class RayStart:
     signal fires when that thread ends), so a thread that ended after ``ray.init`` would take
     the local cluster with it."""
 
-    def __init__(self, start: Callable[[], bool]) -> None:
+    def __init__(self, start: Callable[[], T], stop: Callable[[T], None]) -> None:
         self._start = start
-        self._started: bool | None = None
+        self._stop = stop
+        self._value: T | None = None
         self._error: BaseException | None = None
         self._taken = False
         self._ready = threading.Event()
@@ -175,7 +181,7 @@ class RayStart:
         began = time.time()
         try:
             with self._held.holding():
-                self._started = self._start()
+                self._value = self._start()
         except BaseException as exc:  # handed to the main thread by result()
             self._error = exc
         finally:
@@ -183,30 +189,30 @@ class RayStart:
             self._ready.set()
         self._released.wait()  # the parent of Ray's processes: see the class docstring
 
-    def result(self) -> bool:
+    def result(self) -> T:
         self._taken = True
         self._ready.wait()
         self._held.emit()
         if self._error is not None:
             raise self._error
-        return bool(self._started)
+        return self._value  # type: ignore[return-value]
 
     def release(self) -> None:
         """Ray is shut down (or was not started here): the thread may end."""
         self._released.set()
 
     def abandon(self) -> None:
-        """After a failed start: wait for Ray's start and shut down the Ray it started (a failure
-        to start Ray is then beside the point: the start's own error is the one reported)."""
+        """After a failed start: wait for Ray's start and undo it (a failure to start Ray is
+        then beside the point: the start's own error is the one reported)."""
         if self._taken:
             return
         self._taken = True
         self._ready.wait()
-        if self._started:
-            import ray
-
-            ray.shutdown()
-        self.release()
+        try:
+            if self._error is None:
+                self._stop(self._value)  # type: ignore[arg-type]
+        finally:
+            self.release()
 
 
 class _HeldRecords(logging.Filter):

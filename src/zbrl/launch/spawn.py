@@ -5,6 +5,7 @@ checkpoint (a consumer whose process died: :meth:`Spawner.respawn`), in the same
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,22 +84,21 @@ class Spawner:
     """The reward workers the producers send their batches to (none: they score in-process)."""
 
     def respawn(
-        self, start: StartPoint, buffer_state: dict[str, Any] | None
+        self,
+        start: StartPoint,
+        buffer_state: dict[str, Any] | None,
+        fresh: tuple[Any, Any] | None = None,
     ) -> tuple[Workers, Spawner]:
         """Every actor but the telemetry hub, new, starting from ``start``: a fresh rollout buffer
         (continuing from ``buffer_state`` when given, each producer from the resume point it
         holds for it), weight store and consumers' group, the producers, consumers and
         evaluator, in this spawner's placement; and the spawner that creates their
-        replacements."""
+        replacements. ``fresh``: a new rollout buffer and weight store created already (by
+        :func:`start_shared_actors`), used instead of creating them here."""
         import ray
 
-        from zbrl.transport.buffer import RolloutBuffer
-        from zbrl.transport.weight_sync.store import WeightStore
-
         cfg, la = self.cfg, self.cfg.launch
-        shared = _shared_options(cfg, self.placement)
-        buffer = ray.remote(RolloutBuffer).options(**shared).remote(buffer_settings(cfg))
-        store = ray.remote(WeightStore).options(**shared).remote()
+        buffer, store = fresh if fresh is not None else _buffer_and_store(cfg, self.placement)
         resume_states: dict[int, dict[str, Any] | None] = {}
         if buffer_state is not None:
             ray.get(buffer.load_state.remote(buffer_state))
@@ -198,6 +198,42 @@ class Spawner:
         )
 
 
+@dataclass
+class SharedActors:
+    """The placement and the actors a run creates before its inputs are ready
+    (:func:`start_shared_actors`)."""
+
+    placement: Placement
+    hub: Any
+    buffer: Any
+    store: Any
+
+    def end(self) -> None:
+        """Kill them and free the placement (a start that failed before the workers existed)."""
+        import ray
+
+        for actor in (self.hub, self.buffer, self.store):
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(actor, no_restart=True)
+        self.placement.remove()
+
+
+def start_shared_actors(cfg: RunConfig) -> SharedActors:
+    """The placement groups (a cluster that is too small fails here) and the actors that need
+    nothing but the config: telemetry hub, rollout buffer, weight store. The driver asks for them
+    as soon as Ray is up, while it prepares the inputs, so that their processes start before the
+    workers' (Ray starts only so many worker processes at once; docs/performance.md,
+    Start-up)."""
+    import ray
+
+    from zbrl.telemetry.hub import TelemetryHub
+
+    place = reserve(cfg)
+    hub = ray.remote(TelemetryHub).options(**_shared_options(cfg, place)).remote()
+    buffer, store = _buffer_and_store(cfg, place)
+    return SharedActors(place, hub, buffer, store)
+
+
 def create_workers(
     cfg: RunConfig,
     artifacts: Artifacts,
@@ -207,20 +243,30 @@ def create_workers(
     total_steps: int,
     start: StartPoint,
     buffer_state: dict[str, Any] | None,
+    shared: SharedActors | None = None,
 ) -> tuple[Workers, Spawner]:
-    """Every actor of a run; with ``buffer_state`` (a resumed run) the buffer continues from it
-    and each producer from the resume point the buffer holds for it."""
+    """Every actor of a run (with ``shared``, the ones :func:`start_shared_actors` created
+    already); with ``buffer_state`` (a resumed run) the buffer continues from it and each
+    producer from the resume point the buffer holds for it."""
     import ray
 
-    from zbrl.telemetry.hub import TelemetryHub
-
-    place = reserve(cfg)  # placement groups first: a cluster that is too small fails here
-    hub = ray.remote(TelemetryHub).options(**_shared_options(cfg, place)).remote()
+    shared = shared or start_shared_actors(cfg)
     base = Spawner(
-        cfg, artifacts, run_dir, start, total_steps, None, None, hub,
-        ray.put(train_prompts), eval_sets, place,
+        cfg, artifacts, run_dir, start, total_steps, None, None, shared.hub,
+        ray.put(train_prompts), eval_sets, shared.placement,
     )  # fmt: skip
-    return base.respawn(start, buffer_state)
+    return base.respawn(start, buffer_state, fresh=(shared.buffer, shared.store))
+
+
+def _buffer_and_store(cfg: RunConfig, place: Placement) -> tuple[Any, Any]:
+    import ray
+
+    from zbrl.transport.buffer import RolloutBuffer
+    from zbrl.transport.weight_sync.store import WeightStore
+
+    options = _shared_options(cfg, place)
+    buffer = ray.remote(RolloutBuffer).options(**options).remote(buffer_settings(cfg))
+    return buffer, ray.remote(WeightStore).options(**options).remote()
 
 
 def _shared_options(cfg: RunConfig, place: Placement) -> dict[str, Any]:

@@ -5,8 +5,9 @@ The driver marks the end of each of its phases on a :class:`StartupClock` whose 
 moment its process was created, so the interpreter's own start and every import count. Each
 worker records a ``startup`` span (:mod:`zbrl.launch.workers`), and the first generation and the
 first training step are read from the run's spans. :func:`startup_summary` joins them into the
-summary's ``startup_s`` (the whole, to the end of the first training step) and ``startup`` (its
-parts, in order, which add up to the whole) and ``startup_workers`` (each worker's own span).
+summary's ``startup_s`` (the whole, to the end of the first training step), ``startup`` (its
+parts, in order, which add up to the whole), ``startup_background`` (what ran beside them: Ray's
+start) and ``startup_workers`` (each worker's own span).
 
 Nothing here imports Ray or torch.
 """
@@ -37,10 +38,11 @@ DRIVER_PHASES = (
 - ``config``: the recipe is read and validated;
 - ``preflight``: :func:`zbrl.launch.preflight.preflight`, and the run dir's refusals;
 - ``inputs``: the model (the warm start, built or found in the cache), the tokenizer, and every
-  prompt loaded and encoded;
+  prompt loaded and encoded; Ray starts meanwhile, in a background thread;
 - ``run_dir``: the metrics sinks opened and the run directory claimed;
-- ``ray_init``: Ray started (or joined);
-- ``actors``: the placement reserved and every actor asked for;
+- ``ray_init``: what is left of Ray's start (started or joined, the placement reserved, the
+  telemetry hub, rollout buffer and weight store asked for) once the inputs are ready;
+- ``actors``: the producers, consumers and evaluator asked for;
 - ``workers_ready``: every worker built its state (imports, models loaded)."""
 
 RUN_PHASES = ("first_generation", "first_train_step")
@@ -71,6 +73,8 @@ class StartupClock:
         self.origin = origin
         self.marks: dict[str, float] = {}
         """Phase name -> wall-clock time it ended."""
+        self.background: dict[str, float] = {}
+        """Seconds of what ran beside the phases (``ray_start``: Ray's start in its thread)."""
 
     def mark(self, phase: str) -> None:
         """Phase ``phase`` (one of :data:`DRIVER_PHASES`) ends now."""
@@ -128,6 +132,7 @@ def startup_summary(clock: StartupClock, spans: list[Span | dict[str, Any]]) -> 
     return {
         "startup_s": round(trained - clock.origin, 3) if trained is not None else None,
         "startup": clock.parts(generated, trained),
+        "startup_background": {k: round(v, 3) for k, v in clock.background.items()},
         "startup_workers": worker_startups(spans, clock.origin),
     }
 
