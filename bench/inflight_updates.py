@@ -1,9 +1,10 @@
 """In-flight weight updates against batch-boundary swaps, on the demo and a longer-response variant.
 
-For each variant and seed, two runs one after the other in this process (each with its own local
-Ray, loopback only): ``batch`` (weights swapped between generation batches, the default) and
-``inflight`` (``rollout.inflight_updates.enabled=true``: new weights between chunks of
-``--chunk-tokens`` tokens). The table shows, as means over the seeds: the mean per-token
+For each variant and seed, one run per mode one after the other in this process (each with its
+own local Ray, loopback only): ``batch`` (weights swapped between generation batches, the
+default), ``inflight`` (``rollout.inflight_updates.enabled=true``: new weights between chunks of
+``--chunk-tokens`` tokens, the cache recomputed after a swap) and, with ``--modes``, ``keep``
+(the same with ``after_swap: keep``). The table shows, as means over the seeds: the mean per-token
 staleness (trained version minus the version that sampled each token, ``summary.json``'s
 ``mean_token_staleness``), the share of trained tokens sampled by older weights than the
 trainer's (``drift_token_frac``), the held-out accuracy gain (final minus initial evaluation),
@@ -18,6 +19,14 @@ producer), which is where swapping only at batch boundaries leaves tokens stales
     python bench/inflight_updates.py                        # ~8-10 min on 2 quiet cores
     python bench/inflight_updates.py --steps 300 --seeds 0 1 2 --eval-prompts 200
     python bench/inflight_updates.py --variants long --steps 40 --eval-prompts 50  # a smoke run
+
+``--overhead MODEL_DIR`` times generation alone instead (no Ray, no training), interleaved on one
+thread: one demo-sized batch (8 prompts of the embedded task × G = 8, the demo's sampling) with
+one ``generate`` call, in chunks without a new version, and in chunks with a new version at every
+chunk boundary (the same weights reloaded, so each swap pays the load and, unless the cache is
+kept, its recompute):
+
+    python bench/inflight_updates.py --overhead .cache/zbrl/warm-<hash> --repeats 20
 """
 
 from __future__ import annotations
@@ -27,13 +36,14 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("batch", "inflight")
+MODES = ("batch", "inflight", "keep")
 FIGURES = (
     ("token staleness", "mean_token_staleness", "{:>15.2f}"),
     ("drift tokens", "drift_token_frac", "{:>12.1%}"),
@@ -107,6 +117,71 @@ def figures(summary: dict, group_size: int) -> dict:
     }
 
 
+def overhead(model_dir: str, chunk_tokens: int, repeats: int) -> None:
+    """Seconds per demo-sized generate call: unchunked, chunked, chunked with swaps."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from zbrl.data.prompts import PromptEncoder
+    from zbrl.data.synthetic import make_arithmetic_rows
+    from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
+    cfg = load_config(args_recipe(), [])
+    g = cfg.rollout.generation
+    params = SamplingParams(
+        n=g.num_generations,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        max_new_tokens=g.max_new_tokens,
+        stop_strings=tuple(g.stop_strings),
+    )
+    encoder = PromptEncoder(tokenizer, max_prompt_tokens=512, system_prompt=None)
+    prompts = [encoder.token_ids(row) for row in make_arithmetic_rows(8, seed=0)]
+    weights = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    counter = iter(range(1, 10**9))
+
+    def new_version_each_time() -> int:
+        backend.load_weights(weights)
+        return next(counter)
+
+    modes = {
+        "one call": {},
+        "chunks": {"inflight": InflightSwap(chunk_tokens, lambda: 0)},
+        "chunks+swaps": {"inflight": InflightSwap(chunk_tokens, new_version_each_time)},
+        "swaps, keep": {
+            "inflight": InflightSwap(chunk_tokens, new_version_each_time, keep_cache=True)
+        },
+    }
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    tokens: dict[str, list[int]] = {m: [] for m in modes}
+    for rep in range(repeats + 1):
+        for mode, kwargs in modes.items():
+            torch.manual_seed(rep)
+            start = time.perf_counter()
+            out = backend.generate(prompts, params, **kwargs)
+            if rep:  # the first round warms up
+                times[mode].append(time.perf_counter() - start)
+                tokens[mode].append(sum(int(c.token_ids.numel()) for cs in out for c in cs))
+    base = statistics.median(times["one call"])
+    print(f"\n{'mode':<13} {'s/call':>7} {'vs one call':>11} {'tokens':>7}")
+    for mode in modes:
+        med = statistics.median(times[mode])
+        print(f"{mode:<13} {med:>7.3f} {med / base:>10.2f}x {statistics.fmean(tokens[mode]):>7.0f}")
+    print(
+        f"medians of {repeats} interleaved rounds, chunks of {chunk_tokens} tokens, 1 thread; "
+        f"load average {_load(os.getloadavg())}"
+    )
+
+
+def args_recipe() -> str:
+    return str(REPO / "recipes" / "demo.yaml")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "demo.yaml"))
@@ -114,28 +189,44 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120, help="training steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="data.seed of each pair")
     parser.add_argument("--variants", nargs="+", default=["demo", "long"], choices=["demo", "long"])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["batch", "inflight"],
+        choices=MODES,
+        help="batch: swaps between batches; inflight: between chunks, cache recomputed; "
+        "keep: between chunks, cache kept",
+    )
     parser.add_argument("--chunk-tokens", type=int, default=8, help="in-flight chunk size")
     parser.add_argument("--eval-prompts", type=int, default=100, help="held-out prompts per eval")
     parser.add_argument("--long-tokens", type=int, default=64, help="max_new_tokens of 'long'")
     parser.add_argument("--long-batch", type=int, default=16, help="prompts per generate, 'long'")
     parser.add_argument("--long-staleness", type=int, default=2, help="max_staleness of 'long'")
     parser.add_argument("--json", default=None, help="also write every run's figures here")
+    parser.add_argument("--overhead", metavar="MODEL_DIR", default=None, help="time generate only")
+    parser.add_argument("--repeats", type=int, default=20, help="rounds of --overhead")
     args = parser.parse_args()
+    if args.overhead:
+        overhead(args.overhead, args.chunk_tokens, args.repeats)
+        return
 
     variants = variant_overrides(args)
+    inflight = [
+        "rollout.inflight_updates.enabled=true",
+        f"rollout.inflight_updates.chunk_tokens={args.chunk_tokens}",
+    ]
     mode_overrides = {
         "batch": [],
-        "inflight": [
-            "rollout.inflight_updates.enabled=true",
-            f"rollout.inflight_updates.chunk_tokens={args.chunk_tokens}",
-        ],
+        "inflight": inflight,
+        "keep": [*inflight, "rollout.inflight_updates.after_swap=keep"],
     }
-    runs: dict[str, dict[str, list[dict]]] = {v: {m: [] for m in MODES} for v in args.variants}
+    modes = args.modes
+    runs: dict[str, dict[str, list[dict]]] = {v: {m: [] for m in modes} for v in args.variants}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="zbrl-bench-") as tmp:
         for seed in args.seeds:
             for variant in args.variants:
-                for mode in MODES:  # interleaved: both modes of a pair see the same load
+                for mode in modes:  # interleaved: the modes of a seed see the same load
                     out = Path(tmp) / f"{variant}-{mode}-{seed}"
                     overrides = [
                         *args.overrides,
@@ -151,7 +242,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for variant in args.variants:
-        for mode in MODES:
+        for mode in modes:
             cells = [fmt.format(_mean(runs[variant][mode], key)) for _, key, fmt in FIGURES]
             print(f"{variant:<8} {mode:<9} " + " ".join(cells))
     print(

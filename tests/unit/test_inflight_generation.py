@@ -148,6 +148,47 @@ def test_a_swap_mid_generation_gives_two_versions_each_with_its_own_logprobs(bac
     assert spanning >= 2
 
 
+def test_keeping_the_cache_samples_the_new_weights_over_the_old_keys_and_values(
+    backend, monkeypatch
+):
+    """``keep_cache``: no recompute after the swap; the tokens before it are the old weights'
+    (with their log-probs), those after it carry the new version and log-probs that neither
+    weight set gives on its own (new weights over the old keys and values)."""
+    from zbrl.rollout.backends.inflight import ChunkedGeneration
+
+    def no_recompute(*args):
+        raise AssertionError("the cache was recomputed")
+
+    monkeypatch.setattr(ChunkedGeneration, "_after_swap", no_recompute)
+    old_model = copy.deepcopy(backend.model)
+    torch.manual_seed(3)
+    new_weights = {k: v + 0.05 * torch.randn_like(v) for k, v in backend.model.state_dict().items()}
+    new_model = copy.deepcopy(backend.model)
+    new_model.load_state_dict(new_weights)
+    calls = []
+
+    def swap():
+        calls.append(1)
+        if len(calls) == 3:
+            backend.load_weights(new_weights)
+        return 4 if len(calls) < 3 else 5
+
+    params = sampling_params(n=2, temperature=0.8, max_new_tokens=12)
+    torch.manual_seed(1)
+    out = flat(backend.generate(PROMPTS, params, inflight=InflightSwap(4, swap, keep_cache=True)))
+    mixed = 0
+    for c, prompt in zip(out, [p for p in PROMPTS for _ in range(2)], strict=True):
+        assert c.versions.tolist() == ([4] * 8 + [5] * 4)[: c.token_ids.numel()]
+        old = forward_logprobs(old_model, prompt, c.token_ids, 0.8)
+        torch.testing.assert_close(c.logprobs[:8], old[:8], atol=1e-4, rtol=0)
+        if c.token_ids.numel() > 8:
+            new = forward_logprobs(new_model, prompt, c.token_ids, 0.8)
+            assert (c.logprobs[8:] - new[8:]).abs().max() > 1e-4
+            assert (c.logprobs[8:] - old[8:]).abs().max() > 1e-4
+            mixed += 1
+    assert mixed >= 2
+
+
 def test_greedy_copies_carry_their_versions(backend):
     out = backend.generate(
         PROMPTS[:1], sampling_params(n=3, temperature=0.0, max_new_tokens=5), inflight=fixed(2)

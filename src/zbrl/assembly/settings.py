@@ -60,6 +60,7 @@ def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
             if cfg.rollout.inflight_updates.enabled
             else None
         ),
+        inflight_keep_cache=cfg.rollout.inflight_updates.after_swap == "keep",
     )
 
 

@@ -85,6 +85,11 @@ class InflightUpdates(Section):
     """Swap weights between chunks of a generation (False: only between generation batches)."""
     chunk_tokens: int = Field(default=8, ge=1)
     """Tokens generated per chunk: how often a running generation checks for new weights."""
+    after_swap: Literal["recompute", "keep"] = "recompute"
+    """The running sequences' key/value cache when new weights arrive: ``recompute`` it under
+    them (one prefill of the sequences so far; every token is then sampled by, and its log-prob
+    is, the version it is tagged with) or ``keep`` it (no prefill; later tokens are sampled by
+    the new weights over the old keys and values, their log-probs those of that mixture)."""
 
 
 class RolloutConfig(Section):

@@ -65,6 +65,9 @@ class ProducerSettings:
     inflight_chunk_tokens: int | None
     """In-flight updates: generate in chunks of this many tokens and load newer weights between
     them (None: only between generation batches)."""
+    inflight_keep_cache: bool
+    """In-flight updates: continue from the old weights' key/value cache after a swap (False:
+    recompute it under the new weights)."""
 
 
 @dataclass
@@ -216,7 +219,8 @@ class Producer:
         chunk = self.settings.inflight_chunk_tokens
         if chunk is None or self.episodes is not None:
             return {}
-        return {"inflight": InflightSwap(chunk_tokens=chunk, swap=self._swap_in)}
+        swap = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
+        return {"inflight": swap}
 
     def _next_prompts(self, n: int) -> list[tuple[EncodedPrompt, int, float]]:
         out = []

@@ -60,6 +60,9 @@ class InflightSwap:
     """Loads the newest received version if there is one (through the backend's
     ``load_weights``) and returns the version loaded now; called before the generation starts
     (before any prompt is prefilled) and between chunks."""
+    keep_cache: bool = False
+    """After a swap, continue from the cache the old weights computed instead of recomputing it
+    under the new ones (PipelineRL's choice; False: AReaL's)."""
 
 
 class InferenceBackend(Protocol):

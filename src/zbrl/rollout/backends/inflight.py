@@ -10,9 +10,10 @@ unchunked sampler. Between chunks the producer's ``swap`` loads a newer version 
 After a swap the cache is **recomputed** under the new weights (AReaL's choice): one forward pass
 over each sequence so far, so that every later token is sampled from the new policy given the
 whole prefix, and its log-prob is that policy's own (what the trainer recomputes, what the
-off-policy corrections divide by). Keeping the old cache (PipelineRL's choice) would skip that
-pass and sample from a mixture (new weights over old keys and values) whose log-probs no single
-policy version gives; it is the one-line change in :meth:`ChunkedGeneration._after_swap`.
+off-policy corrections divide by). ``InflightSwap.keep_cache`` keeps the old cache instead
+(PipelineRL's choice, ``rollout.inflight_updates.after_swap: keep``): no prefill, and later tokens
+are sampled from a mixture (new weights over old keys and values) whose log-probs, recorded as
+sampled, no single policy version gives.
 
 Rows that ended in an earlier chunk (EOS or a stop string) stay ended: ``generate`` starts every
 row as unfinished, so :class:`_RowEnds` stops them after one throw-away token (their response was
@@ -113,7 +114,8 @@ class ChunkedGeneration:
             cache = output_cache(out)
             newer = self.inflight.swap()
             if newer != version:
-                cache = self._after_swap(input_ids, attention)
+                if not self.inflight.keep_cache:
+                    cache = self._after_swap(input_ids, attention)
                 version = newer
             kwargs[cache_argument(self.backend.model)] = cache
         all_tokens = torch.cat(tokens, dim=1)
