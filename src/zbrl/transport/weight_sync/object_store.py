@@ -11,11 +11,12 @@ its own copy, and a newer version supersedes an older one that is still waiting 
 
 Small versions (up to ``send_on_caller_max_bytes``, :data:`SEND_ON_CALLER_MAX_BYTES` by default:
 the embedded demo's 2.2 MB, LoRA adapters) are put and announced by ``publish`` itself, on the
-training thread; larger ones by a background thread. A background thread's Ray calls share
-the GIL with the training thread, which a small model's step holds most of the time, so on a
-small model they reached the store about twice as late (docs/performance.md, "The demo at
-staleness 1"). A receiver gets each version in one round trip: its long poll
-(``WeightStore.wait_for_message``) returns the announcement itself.
+training thread, with the announcement sent without waiting for the store's answer; larger
+ones by a background thread. A background thread's Ray calls wait for the GIL, which the training
+thread of a small model holds most of the time (docs/performance.md, "The demo at staleness 1":
+on the demo the announcement left 13 ms after the step instead of 20 ms). A receiver gets each
+version in one round trip: its long poll (``WeightStore.wait_for_message``) returns the
+announcement itself.
 """
 
 from __future__ import annotations
