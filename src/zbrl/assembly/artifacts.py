@@ -35,6 +35,10 @@ def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
         from zbrl.assembly.rewards import embedded_reward_model
 
         embedded_reward_model(cfg, verbose=verbose)
+    if cfg.model.tokenizer_path is not None:
+        from zbrl.assembly.model_source import quiet_transformers
+
+        quiet_transformers()
     tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
     train, evals = dataset_refs(cfg, task_train, task_eval)
     return Artifacts(model_dir, tokenizer_dir, train, evals)
@@ -65,11 +69,15 @@ def embedded_policy_dir(cfg: RunConfig, cache: Path, *, verbose: bool = True) ->
 
 
 def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:
+    from zbrl.assembly.model_source import quiet_transformers
+
     if cfg.model.path != EMBEDDED:  # a local directory, a GGUF file, a Hub id, a pulled name
+        quiet_transformers()
         return user_model_dir(cfg, verbose=verbose)
     if cfg.data.synthetic.task == "multiplication":
         from zbrl.assembly.environments import demo_warm_start
 
+        quiet_transformers()
         return demo_warm_start(cfg, cache, verbose)
     from zbrl.models.warm_start import ensure_warm_start
 

@@ -111,10 +111,8 @@ class RunInputs:
 def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
     """Build or fetch the model, load and encode every dataset, count the steps."""
     from zbrl.assembly.artifacts import prepare_artifacts
-    from zbrl.assembly.model_source import quiet_transformers
 
-    quiet_transformers()
-    artifacts = prepare_artifacts(cfg)
+    artifacts = prepare_artifacts(cfg)  # transformers quietened where it is imported
     train_prompts, eval_sets = encode_datasets(cfg, artifacts)
     total_steps = planned_steps(cfg, len(train_prompts))
     if (notice := steps_notice(cfg, len(train_prompts))) is not None:
@@ -258,23 +256,41 @@ def encode_datasets(
     cfg: RunConfig, artifacts: Artifacts
 ) -> tuple[list[EncodedPrompt], dict[str, list[EncodedPrompt]]]:
     """Every prompt of the training set and of each eval set, encoded with the chat template; a
-    RunError or DatasetError naming the set when one cannot be."""
-    from zbrl.assembly.model_source import load_tokenizer
+    RunError or DatasetError naming the set when one cannot be. Prompts encoded by an earlier
+    start from the same files and settings come from the cache (:mod:`.prompt_cache`)."""
+    from zbrl.assembly import prompt_cache
 
-    tokenizer = load_tokenizer(cfg, artifacts.tokenizer_dir)
-    limit = cfg.data.max_prompts
-    train, stats = _encode(artifacts.train_path, cfg, tokenizer, limit, "data.train_path")
+    key = prompt_cache.cache_key(cfg, artifacts)
+    cached = prompt_cache.load(cfg, key) if key is not None else None
+    tokenizer: list[Any] = []  # loaded on first use: not at all when every set is cached
+
+    def encoded(ref: Any, limit: int | None, field: str, hit: Any) -> Any:
+        if hit is not None:
+            return hit
+        if not tokenizer:
+            from zbrl.assembly.model_source import load_tokenizer, quiet_transformers
+
+            quiet_transformers()
+            tokenizer.append(load_tokenizer(cfg, artifacts.tokenizer_dir))
+        return _encode(ref, cfg, tokenizer[0], limit, field)
+
+    hits = cached or (None, {})
+    train, stats = encoded(artifacts.train_path, cfg.data.max_prompts, "data.train_path", hits[0])
     print(
         f"[zbrl] train prompts: {len(train)} (dropped {stats['dropped']}, truncated "
         f"{stats['truncated']}, skipped lines {stats['skipped_lines']})",
         flush=True,
     )
     check_prompts_left(train, stats, "data.train_path", artifacts.train_path, cfg)
-    evals = {}
+    evals, encoded_evals = {}, {}
     for name, ref in artifacts.eval_paths.items():
         field = f"eval.sets.{name}"
-        evals[name], eval_stats = _encode(ref, cfg, tokenizer, cfg.eval.max_prompts, field)
+        hit = hits[1].get(name)
+        encoded_evals[name] = encoded(ref, cfg.eval.max_prompts, field, hit)
+        evals[name], eval_stats = encoded_evals[name]
         check_prompts_left(evals[name], eval_stats, field, ref, cfg)
+    if key is not None and cached is None:
+        prompt_cache.save(cfg, key, (train, stats), encoded_evals)
     return train, evals
 
 

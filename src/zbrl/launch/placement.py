@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zbrl.assembly.settings import weight_sync_backend
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
 
@@ -43,6 +42,8 @@ class Placement:
         return _in_bundle(self.consumers, index, la.consumer_num_cpus, la.consumer_num_gpus)
 
     def evaluator_options(self) -> dict[str, Any]:
+        from zbrl.assembly.settings import weight_sync_backend
+
         gpus = self.cfg.launch.producer_num_gpus if weight_sync_backend(self.cfg) == "nccl" else 0
         return {"num_cpus": 0, "num_gpus": gpus}
 

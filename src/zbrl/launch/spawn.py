@@ -9,16 +9,16 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zbrl.assembly.artifacts import Artifacts
-from zbrl.assembly.settings import buffer_settings
 from zbrl.config import RunConfig
 from zbrl.launch.placement import Placement, reserve
-from zbrl.launch.process_group import consumer_group
 from zbrl.training.checkpoint import Checkpoint
-from zbrl.training.distributed import GroupSpec
-from zbrl.types import EncodedPrompt
+
+if TYPE_CHECKING:  # the driver finds its start point without torch (docs/performance.md)
+    from zbrl.assembly.artifacts import Artifacts
+    from zbrl.training.distributed import GroupSpec
+    from zbrl.types import EncodedPrompt
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ class Spawner:
         if buffer_state is not None:
             ray.get(buffer.load_state.remote(buffer_state))
             resume_states = ray.get(buffer.reclaim.remote(None))
+        from zbrl.launch.process_group import consumer_group
+
         group_host, group = consumer_group(cfg)
         from zbrl.launch.reward_workers import spawn_reward_workers
 
@@ -261,6 +263,7 @@ def create_workers(
 def _buffer_and_store(cfg: RunConfig, place: Placement) -> tuple[Any, Any]:
     import ray
 
+    from zbrl.assembly.settings import buffer_settings
     from zbrl.transport.buffer import RolloutBuffer
     from zbrl.transport.weight_sync.store import WeightStore
 
