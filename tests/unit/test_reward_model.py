@@ -184,3 +184,63 @@ def test_same_problem_pairs():
 
     labels = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]  # problems of 3: [1,0,0], [1,1,1], [0]
     assert same_problem_pairs(labels, 3) == [(0, 1), (0, 2)]
+
+
+def test_column_trace_is_the_reference_and_its_mistakes_propagate():
+    from zbrl.data.synthetic import make_row, reference_completion
+    from zbrl.models.reward_model_data import column_trace, completion
+
+    for a, b in [(37, 48), (7, 95), (0, 0), (99, 99), (50, 5)]:
+        assert completion(*column_trace(a, b)) == reference_completion(make_row(a, b))
+    assert column_trace(37, 48, delta=(1, 2)) == ("7+8=15,3+4+1=10", "105")  # carry out follows
+    assert column_trace(37, 48, drop_carry=1) == ("7+8=15,3+4=7", "75")
+    assert column_trace(37, 48, misread=(0, 1, 2)) == ("7+2=9,3+4=7", "79")
+
+
+def test_corruptions_are_distinct_and_never_the_reference():
+    import random
+
+    from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
+    from zbrl.models.reward_model_data import corruptions
+
+    rng = random.Random(0)
+    for row in make_arithmetic_rows(50, seed=3, split="train"):
+        out = corruptions(row, rng, 6)
+        assert 1 <= len(out) <= 6 and len(set(out)) == len(out)
+        assert reference_completion(row) not in out
+        assert all(c.startswith("<think>") and c.endswith("</answer>") for c in out)
+
+
+def test_prefix_labels_follow_the_reference_until_the_first_mistake():
+    from zbrl.models.reward_model_data import first_deviation, prefix_labels
+
+    assert first_deviation("<answer>85</answer>", "<answer>85</answer>") is None
+    assert first_deviation("<answer>86</answer>", "<answer>85</answer>") == 9
+    assert first_deviation("<answer>8", "<answer>85</answer>") == 9  # cut short
+    # one character per token; the prompt is "P:" (2 chars), the response starts at 2
+    offsets = [(i, i + 1) for i in range(7)]
+    labels, weights = prefix_labels(offsets, 2, 2, 0.0)  # response "abXde", mistake at "X"
+    assert weights == [0, 0, 1, 1, 1, 1, 1]
+    assert labels == [0, 0, 1, 1, 0, 0, 0]
+    assert prefix_labels(offsets, 2, None, 1.0)[0] == [0, 0, 1, 1, 1, 1, 1]
+
+
+def test_tokenwise_reward_model_builds_with_fresh_layers_and_corruption_figures(
+    tmp_path, tiny_model_dir
+):
+    from transformers import AutoConfig
+
+    from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
+
+    small = {"n_prompts": 4, "samples_per_prompt": 2, "steps": 2, "batch_size": 4,
+             "eval_prompts": 3, "max_new_tokens": 8, "backbone_sft_steps": None,
+             "objective": "tokenwise", "references": 5, "corruptions": 2,
+             "extra_layers": 1}  # fmt: skip
+    built = ensure_reward_model(tmp_path, tiny_model_dir, verbose=False, **small)
+    heldout = read_reward_model_summary(built)["heldout"]
+    assert heldout["corruption_pairs"] == 3 * 6
+    assert 0.0 <= heldout["reference_over_corruption"] <= 1.0
+    policy_layers = AutoConfig.from_pretrained(tiny_model_dir).num_hidden_layers
+    assert AutoConfig.from_pretrained(built).num_hidden_layers == policy_layers + 1
+    (score,) = RewardModelScorer(built).score([PROMPT], ["<answer>5</answer>"])
+    assert 0.0 < score < 1.0

@@ -59,7 +59,7 @@ def save_reward_model(
 # The embedded reward model, trained to predict correctness (cached like the warm start)
 
 MARKER = "REWARD_MODEL_COMPLETE"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 """Bump when the training code changes in a way that changes its result."""
 
 
@@ -84,11 +84,23 @@ class RewardModelSettings:
     """The classifier's transformer comes from a longer supervised run of the same warm start
     (this many steps, no early stop; cached like the warm start), whose hidden states already
     carry the sums; None: from the sampling policy itself."""
-    objective: Literal["pointwise", "pairwise"] = "pairwise"
+    objective: Literal["pointwise", "pairwise", "tokenwise"] = "pairwise"
     """``pointwise``: logistic loss on each response's 0/1 label; ``pairwise``: a
     Bradley-Terry loss on (correct, wrong) responses to the SAME problem, so that what makes a
     problem easy (no carry, say) cannot score by itself — only what separates right from wrong
-    answers to one problem does."""
+    answers to one problem does; ``tokenwise``: the classifier's head is read at every response
+    token and trained (logistic loss) to say whether the response so far is still on a right
+    path (:func:`zbrl.models.reward_model_data.prefix_labels`), on the sampled responses plus
+    ``references`` reference completions and their corruptions; the score read at the last
+    token is the response's."""
+    references: int = 3000
+    """Train-split problems whose reference completion and ``corruptions`` corrupted copies
+    (:mod:`zbrl.models.reward_model_data`) join the sampled responses (``tokenwise`` only)."""
+    corruptions: int = 4
+    """Corrupted completions per reference."""
+    extra_layers: int = 2
+    """Fresh transformer layers on top of the backbone's (the backbone's layers carry its
+    next-token predictions; the new ones compare each token with them)."""
     counterfactuals: bool = False
     """Add, for every sampled response with an answer, two copies whose answer is replaced by the
     true sum and by a wrong one (labelled by the verifier like the rest): pairs that differ only
@@ -210,16 +222,18 @@ def same_problem_pairs(labels: list[float], samples: int) -> list[tuple[int, int
     return pairs
 
 
-def _encode(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
+def _encode(tokenizer: Any, texts: list[str], device: Any = "cpu") -> dict[str, torch.Tensor]:
     # as RewardModelScorer encodes them: right padding, no extra special tokens
-    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return {k: v.to(device) for k, v in enc.items()}
 
 
 @torch.no_grad()
 def _logits(model: Any, tokenizer: Any, texts: list[str], batch: int = 256) -> torch.Tensor:
     model.eval()
-    out = [model(**_encode(tokenizer, texts[i : i + batch])).logits[:, 0] for i in
-           range(0, len(texts), batch)]  # fmt: skip
+    device = next(model.parameters()).device
+    out = [model(**_encode(tokenizer, texts[i : i + batch], device)).logits[:, 0].cpu()
+           for i in range(0, len(texts), batch)]  # fmt: skip
     return torch.cat(out)
 
 
@@ -279,38 +293,19 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         print(f"[zbrl] reward model: {len(texts)} sampled pairs, {rate:.2f} correct "
               f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
     c = policy.config
+    extra = s.extra_layers if s.objective == "tokenwise" else 0
     model = build_tiny_reward_model(
-        tokenizer, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
+        tokenizer, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers + extra,
         num_heads=c.num_attention_heads, seed=s.seed,
     )  # fmt: skip
-    model.model.load_state_dict(_backbone(s, policy_dir, policy).model.state_dict())
+    backbone = _backbone(s, policy_dir, policy).model.state_dict()
+    model.model.load_state_dict(backbone, strict=extra == 0)  # new layers stay fresh
+    model.to("cuda" if torch.cuda.is_available() else "cpu")  # sampled above on the CPU
     tokenizer.padding_side = "right"
-    generator = torch.Generator().manual_seed(s.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
-    y_all = torch.tensor(labels)
-    sampled = len(train_rows) * s.samples_per_prompt  # the sampled responses come first, in order
-    pairs = same_problem_pairs(labels[:sampled], s.samples_per_prompt)
-    if s.objective == "pairwise" and not pairs:
-        raise ValueError("reward model: no problem has both a right and a wrong sampled answer")
-    report_every = max(1, s.steps // 6)
-    for step in range(s.steps):
-        model.train()
-        if s.objective == "pairwise":
-            chosen = torch.randint(len(pairs), (s.batch_size // 2,), generator=generator).tolist()
-            picks = [i for c in chosen for i in pairs[c]]
-            logits = model(**_encode(tokenizer, [texts[i] for i in picks])).logits[:, 0]
-            loss = -torch.nn.functional.logsigmoid(logits[0::2] - logits[1::2]).mean()
-        else:
-            picks = torch.randint(len(texts), (s.batch_size,), generator=generator).tolist()
-            logits = model(**_encode(tokenizer, [texts[i] for i in picks])).logits[:, 0]
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y_all[picks])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if verbose and ((step + 1) % report_every == 0 or step + 1 == s.steps):
-            print(f"[zbrl] reward model: step {step + 1}/{s.steps} loss {loss.item():.3f} "
-                  f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+    if s.objective == "tokenwise":
+        _train_tokenwise(model, tokenizer, texts, labels, train_rows, s, started, verbose)
+    else:
+        _train_sequence(model, tokenizer, texts, labels, len(train_rows), s, started, verbose)
     eval_logits = _logits(model, tokenizer, eval_texts)
     figures = held_out_figures(eval_logits, eval_labels)
     eval_pairs = same_problem_pairs(eval_labels, s.samples_per_prompt)
@@ -320,14 +315,154 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         / max(1, len(eval_pairs)),
         4,
     )
+    figures.update(_corruption_figures(model, tokenizer, eval_rows, s.seed))
     train_figures = held_out_figures(_logits(model, tokenizer, texts[:2000]), labels[:2000])
-    save_reward_model(model, tokenizer, out_dir)
+    save_reward_model(model.to("cpu"), tokenizer, out_dir)
     if verbose:
         print(f"[zbrl] reward model: held-out accuracy {figures['accuracy']:.3f} (positive rate "
-              f"{figures['positive_rate']:.2f}), AUC {figures['auc']:.3f}", flush=True)  # fmt: skip
+              f"{figures['positive_rate']:.2f}), AUC {figures['auc']:.3f}, same-problem pairs "
+              f"{figures['same_problem_pair_accuracy']:.3f}, reference above its corruptions "
+              f"{figures['reference_over_corruption']:.3f} "
+              f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
     return {
         "settings": asdict(s),
         "heldout": figures,
         "train": train_figures,
         "train_seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _train_sequence(
+    model: Any, tokenizer: Any, texts: list[str], labels: list[float], n_rows: int,
+    s: RewardModelSettings, started: float, verbose: bool,
+) -> None:  # fmt: skip
+    """The ``pointwise`` and ``pairwise`` objectives, on the score at each response's end."""
+    generator = torch.Generator().manual_seed(s.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    device = next(model.parameters()).device
+    y_all = torch.tensor(labels, device=device)
+    sampled = n_rows * s.samples_per_prompt  # the sampled responses come first, in order
+    pairs = same_problem_pairs(labels[:sampled], s.samples_per_prompt)
+    if s.objective == "pairwise" and not pairs:
+        raise ValueError("reward model: no problem has both a right and a wrong sampled answer")
+    for step in range(s.steps):
+        model.train()
+        if s.objective == "pairwise":
+            chosen = torch.randint(len(pairs), (s.batch_size // 2,), generator=generator).tolist()
+            picks = [i for c in chosen for i in pairs[c]]
+            logits = model(**_encode(tokenizer, [texts[i] for i in picks], device)).logits[:, 0]
+            loss = -torch.nn.functional.logsigmoid(logits[0::2] - logits[1::2]).mean()
+        else:
+            picks = torch.randint(len(texts), (s.batch_size,), generator=generator).tolist()
+            logits = model(**_encode(tokenizer, [texts[i] for i in picks], device)).logits[:, 0]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y_all[picks])
+        _step(model, optimizer, loss)
+        _progress(step, s.steps, loss, started, verbose)
+
+
+def _train_tokenwise(
+    model: Any, tokenizer: Any, texts: list[str], labels: list[float], train_rows: list[dict],
+    s: RewardModelSettings, started: float, verbose: bool,
+) -> None:  # fmt: skip
+    """The ``tokenwise`` objective (see :class:`RewardModelSettings`)."""
+    import random
+
+    from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
+    from zbrl.models.reward_model_data import corruptions, first_deviation
+    from zbrl.rewards.reward_model import render_pair
+
+    rng = random.Random(s.seed)
+    items: list[tuple[str, int, int | None, float]] = []  # text, response start, deviation, label
+
+    def add(row: dict, response: str, label: float) -> None:
+        text = render_pair(tokenizer, row["messages"], response)
+        start = text.rindex(response)
+        deviation = None if label == 1.0 else first_deviation(response, reference_completion(row))
+        items.append((text, start, deviation, label))
+
+    for row in make_arithmetic_rows(s.references, seed=s.seed + 303, split="train"):
+        add(row, reference_completion(row), 1.0)
+        for corrupted in corruptions(row, rng, s.corruptions):
+            answer = corrupted.rsplit("<answer>", 1)[1].removesuffix("</answer>")
+            add(row, corrupted, 1.0 if answer == row["gt_answer"] else 0.0)
+    repeated = [row for row in train_rows for _ in range(s.samples_per_prompt)]
+    responses = [_response_of(text) for text in texts[: len(repeated)]]
+    for row, response, label in zip(repeated, responses, labels):
+        add(row, response, label)
+    if verbose:
+        print(f"[zbrl] reward model: {len(items)} training responses with references and "
+              f"corruptions ({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+    generator = torch.Generator().manual_seed(s.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    device = next(model.parameters()).device
+    for step in range(s.steps):
+        model.train()
+        picks = torch.randint(len(items), (s.batch_size,), generator=generator).tolist()
+        enc, y_BT, w_BT = _token_batch(tokenizer, [items[i] for i in picks], device)
+        hidden_BTH = model.model(**enc).last_hidden_state
+        logits_BT = model.score(hidden_BTH)[..., 0]
+        bce_BT = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits_BT, y_BT, reduction="none"
+        )
+        loss = (bce_BT * w_BT).sum() / w_BT.sum()
+        _step(model, optimizer, loss)
+        _progress(step, s.steps, loss, started, verbose)
+
+
+def _response_of(text: str) -> str:
+    """The assistant's turn of a text rendered by ``render_pair`` with the embedded template."""
+    return text.rsplit("<|assistant|>", 1)[1].removesuffix("<|end|>")
+
+
+def _token_batch(
+    tokenizer: Any, items: list[tuple[str, int, int | None, float]], device: Any
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    from zbrl.models.reward_model_data import prefix_labels
+
+    enc = tokenizer(
+        [it[0] for it in items], return_tensors="pt", padding=True, add_special_tokens=False,
+        return_offsets_mapping=True,
+    )  # fmt: skip
+    offsets = enc.pop("offset_mapping").tolist()
+    y_BT = torch.zeros(enc["input_ids"].shape)
+    w_BT = torch.zeros(enc["input_ids"].shape)
+    for b, (_, start, deviation, label) in enumerate(items):
+        n = int(enc["attention_mask"][b].sum())
+        ys, ws = prefix_labels(offsets[b][:n], start, deviation, label)
+        y_BT[b, :n], w_BT[b, :n] = torch.tensor(ys), torch.tensor(ws)
+    return {k: v.to(device) for k, v in enc.items()}, y_BT.to(device), w_BT.to(device)
+
+
+def _step(model: Any, optimizer: Any, loss: torch.Tensor) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
+def _progress(step: int, steps: int, loss: torch.Tensor, started: float, verbose: bool) -> None:
+    if verbose and ((step + 1) % max(1, steps // 6) == 0 or step + 1 == steps):
+        print(f"[zbrl] reward model: step {step + 1}/{steps} loss {loss.item():.3f} "
+              f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+
+
+def _corruption_figures(model: Any, tokenizer: Any, rows: list[dict], seed: int) -> dict:
+    """How often the reference completion of a held-out problem scores above each of its
+    corruptions (:mod:`zbrl.models.reward_model_data`; 6 per problem)."""
+    import random
+
+    from zbrl.data.synthetic import reference_completion
+    from zbrl.models.reward_model_data import corruptions
+    from zbrl.rewards.reward_model import render_pair
+
+    rng = random.Random(seed + 1)
+    good, bad = [], []
+    for row in rows:
+        reference = render_pair(tokenizer, row["messages"], reference_completion(row))
+        for corrupted in corruptions(row, rng, 6):
+            good.append(reference)
+            bad.append(render_pair(tokenizer, row["messages"], corrupted))
+    if not good:
+        return {"reference_over_corruption": float("nan")}
+    above = (_logits(model, tokenizer, good) > _logits(model, tokenizer, bad)).float().mean()
+    return {"corruption_pairs": len(good), "reference_over_corruption": round(above.item(), 4)}
