@@ -4,8 +4,11 @@ of its first training step, with the breakdown the run's summary.json carries (d
 
 Each run is a fresh process, started the way the ``zbrl`` console script starts it, with
 ``training.max_steps`` cut short (the start-up does not depend on it) and the run's directory in a
-temporary folder; the warm start and the task come from the checkout's cache (``.cache/zbrl``: the
-first run on a fresh clone builds them, which this script does once before it measures). The
+temporary folder. The warm start and the task come from the checkout's cache (``.cache/zbrl``:
+the first run on a fresh clone builds them), seen through a temporary cache folder whose
+``prompts`` (the encoded prompts, :mod:`zbrl.assembly.prompt_cache`) are its own: one run of each
+variant before the measured ones fills it, as a clone's first run does; ``--cold-prompts`` empties
+it before every run (every start encodes its prompts). The
 total is measured from outside (the time just before the process is started to the end of the
 first ``train_step`` span) and from inside (the summary's ``startup_s``, from the process's
 creation).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,12 +39,12 @@ COMMAND = ["train", "recipes/demo.yaml", "eval.sets={}"]
 CONSOLE_SCRIPT = "import sys; from zbrl.cli import main; sys.exit(main())"
 
 
-def run_once(checkout: Path, out: Path, steps: int, extra: list[str]) -> dict:
+def run_once(checkout: Path, out: Path, steps: int, extra: list[str], cache: Path) -> dict:
     """One ``zbrl train`` of ``checkout``'s code; its start-up figures."""
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     argv = [*COMMAND, f"training.max_steps={steps}", f"logging.run_dir={run_dir}"]
-    argv += [f"logging.cache_dir={REPO / '.cache' / 'zbrl'}", *extra]
+    argv += [f"logging.cache_dir={cache}", *extra]
     env = {**os.environ, "PYTHONPATH": str(checkout / "src")}
     log = out / "run.log"
     t0 = time.time()
@@ -69,6 +73,19 @@ def run_once(checkout: Path, out: Path, steps: int, extra: list[str]) -> dict:
         for worker, parts in summary.get("startup_workers", {}).items():
             figures[f"{worker} startup"] = parts["total_s"]
     return figures
+
+
+def bench_cache(tmp: Path) -> Path:
+    """A cache folder that shows the checkout's cache entries (warm starts, tasks) but keeps its
+    own encoded prompts."""
+    cache = tmp / "cache"
+    cache.mkdir()
+    shared = REPO / ".cache" / "zbrl"
+    shared.mkdir(parents=True, exist_ok=True)
+    for entry in shared.iterdir():
+        if entry.name != "prompts":
+            (cache / entry.name).symlink_to(entry)
+    return cache
 
 
 def medians(rows: list[dict]) -> dict[str, float]:
@@ -100,26 +117,33 @@ def main() -> None:
         metavar="NAME=CHECKOUT",
         help="a checkout to measure (default: this one); several run interleaved",
     )
+    parser.add_argument(
+        "--cold-prompts", action="store_true", help="no cached encoded prompts in any run"
+    )
     parser.add_argument("overrides", nargs="*", help="more dotted overrides for every run")
     args = parser.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant) or {"this": str(REPO)}
     checkouts = {name: Path(path).resolve() for name, path in variants.items()}
     print(f"load average before: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="zbrl-startup-") as tmp:
-        for name, checkout in checkouts.items():  # the cache (warm start, task): not measured
-            run_once(checkout, Path(tmp) / f"warm-{name}", 1, args.overrides)
+        cache = bench_cache(Path(tmp))
+        for name, checkout in checkouts.items():  # fills the caches: not measured
+            run_once(checkout, Path(tmp) / f"warm-{name}", 1, args.overrides, cache)
         results: dict[str, list[dict]] = {name: [] for name in checkouts}
         for i in range(args.runs):
             order = list(checkouts)
             order = order[i % len(order) :] + order[: i % len(order)]  # rotate who goes first
             for name in order:
                 out = Path(tmp) / f"{name}-{i}"
-                fig = run_once(checkouts[name], out, args.steps, args.overrides)
+                if args.cold_prompts:
+                    shutil.rmtree(cache / "prompts", ignore_errors=True)
+                fig = run_once(checkouts[name], out, args.steps, args.overrides, cache)
                 results[name].append(fig)
                 print(f"{name} run {i}: {fig['measured_s']:.2f} s", flush=True)
     print(f"load average after: {os.getloadavg()}")
     print(f"\nzbrl {' '.join(COMMAND)}: start to the end of the first training step")
-    print(f"({args.runs} runs of each, interleaved; parts from summary.json where it has them)\n")
+    prompts = "none cached" if args.cold_prompts else "encoded prompts cached"
+    print(f"({args.runs} runs of each, interleaved; {prompts}; parts from summary.json)\n")
     print(table(results))
 
 
