@@ -224,9 +224,10 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict]]] = {v: {m: [] for m in modes} for v in args.variants}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="zbrl-bench-") as tmp:
-        for seed in args.seeds:
+        for i, seed in enumerate(args.seeds):
+            order = modes[i % len(modes) :] + modes[: i % len(modes)]  # each seed another first
             for variant in args.variants:
-                for mode in modes:  # interleaved: the modes of a seed see the same load
+                for mode in order:  # interleaved: the modes of a seed see similar load
                     out = Path(tmp) / f"{variant}-{mode}-{seed}"
                     overrides = [
                         *args.overrides,
