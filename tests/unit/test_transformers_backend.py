@@ -192,6 +192,20 @@ def test_stop_string_on_the_last_allowed_token_is_stop(backend, tokenizer):
     assert c.finish_reason == "stop"
 
 
+def test_stop_string_ending_inside_a_token_ends_the_response(backend, tokenizer):
+    # generate stops when a stop string ends inside the last token ("</ans" in the "</answer>"
+    # token) and pads the rest: the response ends there, finished by the stop string
+    ids = tokenizer.encode("x[J</answer>", add_special_tokens=False)
+    assert tokenizer.decode(ids[-1:]) == "</answer>", "precondition: one token for the tag"
+    padded = torch.tensor(ids + [backend.pad_id] * 3)
+    assert backend._response_end(padded, ("</ans",)) == (len(ids), True)
+    assert backend._response_end(padded, ("</answer>",)) == (len(ids), True)
+    assert backend._response_end(torch.tensor(ids), ("</ans",)) == (len(ids), True)
+    # no stop string in the last token: the pad tokens may be the model's own, kept
+    assert backend._response_end(padded, ("zz",)) == (len(ids) + 3, False)
+    assert backend._response_end(padded, ("x[",)) == (len(ids) + 3, False)
+
+
 def test_greedy_with_several_samples_per_prompt(backend):
     out = backend.generate(PROMPTS, greedy(n=2))
     assert [len(g) for g in out] == [2, 2, 2]

@@ -181,7 +181,9 @@ class TransformersBackend:
         """(response length, ended by EOS or a stop string).
 
         ``generate`` pads a sequence once it finished; a pad token ends the response only where
-        the text before it ends with a stop string, so a pad token the model sampled is kept.
+        a stop string ends within the last token before it (``generate`` stops on a stop string
+        that ends inside a token too: ``</ans`` in a ``</answer>`` token), so a pad token the
+        model sampled is kept.
         """
         values = tokens.tolist()
         for i, tok in enumerate(values):
@@ -190,16 +192,21 @@ class TransformersBackend:
             if (
                 stop_strings
                 and tok == self.pad_id
-                and self._ends_with_stop(values[:i], stop_strings)
+                and self._stop_in_last_token(values[:i], stop_strings)
             ):
                 return i, True
-        return len(values), self._ends_with_stop(values, stop_strings)
+        return len(values), self._stop_in_last_token(values, stop_strings)
 
-    def _ends_with_stop(self, ids: list[int], stop_strings: tuple[str, ...]) -> bool:
+    def _stop_in_last_token(self, ids: list[int], stop_strings: tuple[str, ...]) -> bool:
+        """Whether a stop string ends within the text of ``ids``' last token."""
         if not stop_strings or not ids:
             return False
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return any(text.endswith(s) for s in stop_strings)
+        last = len(self.tokenizer.decode(ids[-1:], skip_special_tokens=False))
+        # a match ending in the last token starts at most len(stop) - 1 characters before it
+        return any(
+            stop in text[max(0, len(text) - last - len(stop) + 1) :] for stop in stop_strings
+        )
 
 
 def _copy(c: Completion) -> Completion:
