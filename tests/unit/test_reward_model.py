@@ -201,14 +201,18 @@ def test_corruptions_are_distinct_and_never_the_reference():
     import random
 
     from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
-    from zbrl.models.reward_model_data import corruptions
+    from zbrl.models.reward_model_data import corruptions, is_right
 
     rng = random.Random(0)
     for row in make_arithmetic_rows(50, seed=3, split="train"):
         out = corruptions(row, rng, 6)
         assert 1 <= len(out) <= 6 and len(set(out)) == len(out)
         assert reference_completion(row) not in out
-        assert all(c.startswith("<think>") and c.endswith("</answer>") for c in out)
+        assert all(c.startswith("<think>") or len(c) < 7 for c in out)  # a cut tag at worst
+        assert is_right(reference_completion(row), row["gt_answer"])
+    assert not is_right("<think>7+8=15</answer>", "85")  # the format broken
+    assert not is_right("<think>7+8=15,3+4+1=8</think><answer>85", "85")  # cut
+    assert not is_right("<think>7+8=15,3+4+1=8</think><answer>84</answer>", "85")
 
 
 def test_prefix_labels_follow_the_reference_until_the_first_mistake():

@@ -59,7 +59,7 @@ def save_reward_model(
 # The embedded reward model, trained to predict correctness (cached like the warm start)
 
 MARKER = "REWARD_MODEL_COMPLETE"
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 """Bump when the training code changes in a way that changes its result."""
 
 
@@ -368,7 +368,7 @@ def _train_tokenwise(
     import random
 
     from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
-    from zbrl.models.reward_model_data import corruptions, first_deviation
+    from zbrl.models.reward_model_data import corruptions, first_deviation, is_right
     from zbrl.rewards.reward_model import render_pair
 
     rng = random.Random(s.seed)
@@ -383,8 +383,7 @@ def _train_tokenwise(
     for row in make_arithmetic_rows(s.references, seed=s.seed + 303, split="train"):
         add(row, reference_completion(row), 1.0)
         for corrupted in corruptions(row, rng, s.corruptions):
-            answer = corrupted.rsplit("<answer>", 1)[1].removesuffix("</answer>")
-            add(row, corrupted, 1.0 if answer == row["gt_answer"] else 0.0)
+            add(row, corrupted, 1.0 if is_right(corrupted, row["gt_answer"]) else 0.0)
     repeated = [row for row in train_rows for _ in range(s.samples_per_prompt)]
     responses = [_response_of(text) for text in texts[: len(repeated)]]
     for row, response, label in zip(repeated, responses, labels):

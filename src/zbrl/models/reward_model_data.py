@@ -5,21 +5,26 @@ A corruption is what a policy that is learning column addition gets wrong, each 
 and the answer following the wrong step as the policy's own mistakes do: a column sum off by a
 few, a dropped carry, a misread operand digit; and answers that do not follow the trace: a wrong,
 inserted, dropped or reversed digit, a leading ``1``, the last digit repeated or cut, the full
-trace of a nearby problem. The verifier labels each (most are wrong; a corruption whose answer
-is still right is labelled right).
+trace of a nearby problem; and broken formats: the trace cut after a column and closed with
+``</answer>`` (the exploit RL found in the first tokenwise classifier), or the completion cut
+anywhere. :func:`is_right` labels each (most are wrong; a corruption whose answer is still right
+and well formed is labelled right).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 
 from zbrl.data.synthetic import parse_problem
 
+_WELL_FORMED = re.compile(r"<think>[^<]*</think><answer>([^<]*)</answer>")
+
 KINDS = (
     "column_sum", "column_sum", "dropped_carry", "misread_digit", "answer_digit",
     "inserted_digit", "dropped_digit", "reversed_answer", "nearby_problem", "leading_one",
-    "cut_last_digit", "repeated_last_digit",
+    "cut_last_digit", "repeated_last_digit", "broken_format", "truncated",
 )  # fmt: skip
 """Corruption kinds, drawn uniformly (a wrong column sum, the policy's commonest error, twice)."""
 
@@ -104,9 +109,21 @@ def corruptions(row: dict, rng: random.Random, k: int) -> list[str]:
         elif kind == "repeated_last_digit":
             ans = answer + answer[-1]
         text = completion(t, ans)
+        if kind == "broken_format":
+            steps = t.split(",")
+            text = "<think>" + ",".join(steps[: rng.randrange(1, len(steps) + 1)]) + "</answer>"
+        elif kind == "truncated":
+            text = reference[: rng.randrange(1, len(reference))]
         if text != reference and text not in out:
             out.append(text)
     return out
+
+
+def is_right(response: str, gt_answer: str) -> bool:
+    """A well-formed ``<think>…</think><answer>N</answer>`` whose answer is ``gt_answer`` (the
+    verifier's verdict on these synthetic completions)."""
+    match = _WELL_FORMED.fullmatch(response)
+    return match is not None and match.group(1) == gt_answer
 
 
 def first_deviation(response: str, reference: str) -> int | None:
