@@ -59,6 +59,7 @@ def run(run_dir: Path, cache: Path, producers: int) -> None:
             "logging.save_final=false",
             "model.warm_start.steps=20",
             "eval.sets={}",
+            "transport.max_staleness=1",  # what the bounds below and performance.md's tables use
             f"training.max_steps={STEPS}",
             f"launch.num_producers={producers}",
             "launch.producer_num_cpus=0.5",
