@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", type=parse_variant, action="append", required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--cores-per-run", type=int, default=2)
-    p.add_argument("--cores", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="cores to use")
+    p.add_argument("--first-core", type=int, default=0, help="use cores from this one on")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--out", default="/tmp/zbrl-demo-matrix")
     p.add_argument("--python", default=sys.executable)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     slots = [
         ",".join(str(c) for c in range(i, i + a.cores_per_run))
-        for i in range(0, a.cores - a.cores_per_run + 1, a.cores_per_run)
+        for i in range(a.first_core, a.first_core + a.cores - a.cores_per_run + 1, a.cores_per_run)
     ]
     jobs = [(v, s) for s in a.seeds for v in a.variant]  # seeds outermost: variants interleave
     print(f"{len(jobs)} runs, {len(slots)} at once on cores {slots}", flush=True)
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(a.out) / f"{variant.name}-s{seed}"
             cmd = ["taskset", "-c", cores, a.python, "-m", "zbrl.cli", "train", "recipes/demo.yaml",
                    f"seed={seed}", f"logging.run_dir={run_dir}", *variant.overrides]  # fmt: skip
-            env = {**os.environ, "PYTHONPATH": str(variant.tree / "src")}
+            path = [str(variant.tree / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
             Path(a.out).mkdir(parents=True, exist_ok=True)
             log = open(Path(a.out) / f"{variant.name}-s{seed}.log", "w")  # noqa: SIM115
             proc = subprocess.Popen(cmd, cwd=variant.tree, env=env, stdout=log, stderr=log)
