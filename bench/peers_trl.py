@@ -73,7 +73,7 @@ class Shared:
         from zbrl.assembly.rewards import build_reward_fn
         from zbrl.assembly.settings import eval_sampling_params
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
-        from zbrl.launch.driver import encode_datasets
+        from zbrl.launch.inputs import encode_datasets
         from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
         quiet_transformers()

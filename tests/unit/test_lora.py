@@ -316,19 +316,19 @@ def test_a_lora_run_without_peft_is_refused_before_it_starts(monkeypatch):
 def test_the_summary_weight_sync_size_is_the_median_published_version(tmp_path):
     from types import SimpleNamespace
 
-    from zbrl.launch.driver import _weight_sync_bytes
+    from zbrl.launch.summary import weight_sync_bytes
     from zbrl.telemetry.spans import PUBLISH_WEIGHTS, TRAIN_STEP, SpanRecorder
     from zbrl.telemetry.timeline import TimelineWriter
 
     monitor = SimpleNamespace(run_dir=tmp_path, window_start=10.0)
-    assert _weight_sync_bytes(monitor) is None  # no timeline yet
+    assert weight_sync_bytes(monitor) is None  # no timeline yet
     recorder = SpanRecorder("consumer-0", "consumer")
     recorder.record(PUBLISH_WEIGHTS, 1.0, 2.0, thread="weights", version=1, bytes=999)  # earlier
     for version, size in enumerate((300, 100, 200), start=2):
         recorder.record(PUBLISH_WEIGHTS, 11.0, 12.0, thread="weights", version=version, bytes=size)
     recorder.record(TRAIN_STEP, 11.0, 12.0)
     TimelineWriter(tmp_path).write(recorder.drain())
-    assert _weight_sync_bytes(monitor) == 200
+    assert weight_sync_bytes(monitor) == 200
 
 
 def test_adapters_get_gradients_under_gradient_checkpointing(tiny_model_dir):

@@ -11,7 +11,7 @@ from zbrl import cli
 from zbrl.assembly import model_source, prompt_cache
 from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
-from zbrl.launch import driver
+from zbrl.launch import inputs
 
 
 @pytest.fixture
@@ -54,9 +54,9 @@ def tokenizer_loads(monkeypatch):
 
 def test_a_second_start_takes_the_encoded_prompts_from_the_cache(start, tokenizer_loads, capsys):
     cfg, artifacts = start()
-    first_train, first_evals = driver.encode_datasets(cfg, artifacts)
+    first_train, first_evals = inputs.encode_datasets(cfg, artifacts)
     assert len(tokenizer_loads) == 1
-    second_train, second_evals = driver.encode_datasets(cfg, artifacts)
+    second_train, second_evals = inputs.encode_datasets(cfg, artifacts)
     assert len(tokenizer_loads) == 1  # not loaded again
     assert second_train == first_train and second_evals == first_evals
     assert len(second_train) == 64 and len(second_evals["heldout"]) == 16
@@ -67,19 +67,19 @@ def test_a_second_start_takes_the_encoded_prompts_from_the_cache(start, tokenize
 
 def test_a_changed_file_or_setting_encodes_again(start, tokenizer_loads):
     cfg, artifacts = start()
-    first, _ = driver.encode_datasets(cfg, artifacts)
+    first, _ = inputs.encode_datasets(cfg, artifacts)
     key = prompt_cache.cache_key(cfg, artifacts)
     cfg2, artifacts2 = start("data.max_prompt_tokens=20", "data.overlong_prompt=left_truncate")
     assert prompt_cache.cache_key(cfg2, artifacts2) != key
-    changed, _ = driver.encode_datasets(cfg2, artifacts2)
+    changed, _ = inputs.encode_datasets(cfg2, artifacts2)
     assert len(tokenizer_loads) == 2
     assert [len(p.prompt_ids) for p in changed] == [20] * 64  # encoded with the new setting
-    assert driver.encode_datasets(cfg, artifacts)[0] == first  # the first entry is still there
+    assert inputs.encode_datasets(cfg, artifacts)[0] == first  # the first entry is still there
     assert len(tokenizer_loads) == 2
     with start.train.open("a") as f:  # one more training line: another key, encoded again
         f.write(start.train.read_text().splitlines()[0] + "\n")
     assert prompt_cache.cache_key(cfg, artifacts) != key
-    assert len(driver.encode_datasets(cfg, artifacts)[0]) == 65
+    assert len(inputs.encode_datasets(cfg, artifacts)[0]) == 65
     assert len(tokenizer_loads) == 3
 
 
@@ -95,6 +95,6 @@ def test_the_cache_keeps_its_newest_entries(start, monkeypatch):
     monkeypatch.setattr(prompt_cache, "KEEP", 2)
     for n in (10, 11, 12):
         cfg, artifacts = start(f"data.max_prompts={n}")
-        driver.encode_datasets(cfg, artifacts)
+        inputs.encode_datasets(cfg, artifacts)
     entries = list((prompt_cache.entry_path(cfg, "x").parent).glob("*.json"))
     assert len(entries) == 2

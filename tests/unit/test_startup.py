@@ -13,6 +13,7 @@ import pytest
 
 from zbrl import cli
 from zbrl.launch import driver
+from zbrl.launch import summary as run_summary
 from zbrl.launch.ray_setup import RayStart
 from zbrl.launch.startup import (
     DRIVER_PHASES,
@@ -52,7 +53,7 @@ def _run_spans() -> list[Span]:
 def test_the_summary_and_the_log_carry_the_startup_breakdown(tmp_path, capsys):
     TimelineWriter(tmp_path).write(_run_spans())
     summary: dict = {"steps": 2}
-    driver.add_startup(summary, _clock(), tmp_path)
+    run_summary.add_startup(summary, _clock(), tmp_path)
 
     assert summary["startup_s"] == pytest.approx(10.25)  # the first train step's end since T0
     parts = summary["startup"]

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zbrl.config import RunConfig, resolved_yaml
-from zbrl.errors import RunError
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
+from zbrl.launch.inputs import RunInputs, prepare_inputs
 from zbrl.launch.preflight import preflight
 from zbrl.launch.ray_setup import RayStart, init_ray
 from zbrl.launch.resume import truncate_logs
@@ -25,9 +25,8 @@ from zbrl.launch.run_dir import (
     lock_existing_run_dir,
 )
 from zbrl.launch.signals import RunInterrupted, StopSignals, exit_code
-from zbrl.launch.startup import StartupClock, startup_line, startup_summary
-from zbrl.launch.steps import planned_steps, steps_notice
-from zbrl.telemetry.idle import percentile
+from zbrl.launch.startup import StartupClock
+from zbrl.launch.summary import add_startup, build_summary
 from zbrl.telemetry.metrics import MetricsSink, MultiSink
 from zbrl.telemetry.report import SUMMARY_FILE, render_report
 from zbrl.training.checkpoint import Checkpoint, find_latest
@@ -35,11 +34,9 @@ from zbrl.training.checkpoint import Checkpoint, find_latest
 # Everything above is light (no torch, transformers or Ray): the driver starts Ray as soon as the
 # pre-flight checks pass and imports the rest while Ray starts (docs/performance.md, Start-up).
 if TYPE_CHECKING:
-    from zbrl.assembly.artifacts import Artifacts
     from zbrl.launch.monitor import RunMonitor
-    from zbrl.launch.spawn import SharedActors, Spawner, StartPoint, Workers
+    from zbrl.launch.spawn import SharedActors, Spawner, Workers
     from zbrl.launch.supervisor import Outcome, Supervisor
-    from zbrl.types import EncodedPrompt
 
 __all__ = ["RunFailed", "RunInterrupted", "run_training"]
 
@@ -86,39 +83,6 @@ def run_training(
     finally:
         ray_start.abandon()  # a start that failed before _train took Ray: stop what it started
     return {**summary, "run_dir": str(run_dir)}
-
-
-@dataclass(frozen=True)
-class RunInputs:
-    """What the workers start from, all prepared before the run directory is claimed."""
-
-    artifacts: Artifacts
-    """Model, tokenizer and dataset locations."""
-    train_prompts: list[EncodedPrompt]
-    """Every training prompt, encoded with the chat template."""
-    eval_sets: dict[str, list[EncodedPrompt]]
-    """Every eval set's prompts, encoded."""
-    total_steps: int
-    """Train steps the run will take."""
-    start: StartPoint
-    """Weights and version the workers start from."""
-    buffer_state: dict[str, Any] | None
-    """The rollout buffer's state to restore (a resumed run), else None."""
-    resume: Checkpoint | None
-    """The checkpoint a resumed run continues from, else None."""
-
-
-def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
-    """Build or fetch the model, load and encode every dataset, count the steps."""
-    from zbrl.assembly.artifacts import prepare_artifacts
-
-    artifacts = prepare_artifacts(cfg)  # transformers quietened where it is imported
-    train_prompts, eval_sets = encode_datasets(cfg, artifacts)
-    total_steps = planned_steps(cfg, len(train_prompts))
-    if (notice := steps_notice(cfg, len(train_prompts))) is not None:
-        print(notice, flush=True)
-    start, buffer_state = start_point(artifacts, resume)
-    return RunInputs(artifacts, train_prompts, eval_sets, total_steps, start, buffer_state, resume)
 
 
 @dataclass(frozen=True)
@@ -222,16 +186,6 @@ def _train(
             ray_start.release()
 
 
-def start_point(
-    artifacts: Artifacts, resume: Checkpoint | None
-) -> tuple[StartPoint, dict[str, Any] | None]:
-    """Where the workers start, and the buffer state to restore (None for a fresh run); a
-    consumer restart starts the same way (:func:`zbrl.launch.spawn.checkpoint_start`)."""
-    from zbrl.launch.spawn import checkpoint_start
-
-    return checkpoint_start(artifacts, resume)
-
-
 @contextlib.contextmanager
 def prepare_run_dir(
     cfg: RunConfig, resume: Checkpoint | None, sibling_if_used: bool
@@ -250,84 +204,6 @@ def prepare_run_dir(
         yield run_dir
     finally:
         lock.release()
-
-
-def encode_datasets(
-    cfg: RunConfig, artifacts: Artifacts
-) -> tuple[list[EncodedPrompt], dict[str, list[EncodedPrompt]]]:
-    """Every prompt of the training set and of each eval set, encoded with the chat template; a
-    RunError or DatasetError naming the set when one cannot be. Prompts encoded by an earlier
-    start from the same files and settings come from the cache (:mod:`.prompt_cache`)."""
-    from zbrl.assembly import prompt_cache
-
-    key = prompt_cache.cache_key(cfg, artifacts)
-    cached = prompt_cache.load(cfg, key) if key is not None else None
-    tokenizer: list[Any] = []  # loaded on first use: not at all when every set is cached
-
-    def encoded(ref: Any, limit: int | None, field: str, hit: Any) -> Any:
-        if hit is not None:
-            return hit
-        if not tokenizer:
-            from zbrl.assembly.model_source import load_tokenizer, quiet_transformers
-
-            quiet_transformers()
-            tokenizer.append(load_tokenizer(cfg, artifacts.tokenizer_dir))
-        return _encode(ref, cfg, tokenizer[0], limit, field)
-
-    hits = cached or (None, {})
-    train, stats = encoded(artifacts.train_path, cfg.data.max_prompts, "data.train_path", hits[0])
-    print(
-        f"[zbrl] train prompts: {len(train)} (dropped {stats['dropped']}, truncated "
-        f"{stats['truncated']}, skipped lines {stats['skipped_lines']})",
-        flush=True,
-    )
-    check_prompts_left(train, stats, "data.train_path", artifacts.train_path, cfg)
-    evals, encoded_evals = {}, {}
-    for name, ref in artifacts.eval_paths.items():
-        field = f"eval.sets.{name}"
-        hit = hits[1].get(name)
-        encoded_evals[name] = encoded(ref, cfg.eval.max_prompts, field, hit)
-        evals[name], eval_stats = encoded_evals[name]
-        check_prompts_left(evals[name], eval_stats, field, ref, cfg)
-    if key is not None and cached is None:
-        prompt_cache.save(cfg, key, (train, stats), encoded_evals)
-    return train, evals
-
-
-def _encode(
-    ref: Any, cfg: RunConfig, tokenizer: Any, limit: int | None, field: str
-) -> tuple[list[EncodedPrompt], dict[str, Any]]:
-    """:func:`encode_prompts`, with a chat template that rejects a prompt (a system message or a
-    role it does not take) reported as the user's input, not as a traceback."""
-    from jinja2 import TemplateError
-
-    from zbrl.assembly.datasets import encode_prompts
-
-    try:
-        return encode_prompts(ref, cfg, tokenizer, limit=limit)
-    except TemplateError as exc:
-        raise RunError(
-            f"{field}: the chat template rejects a prompt of {ref} ({type(exc).__name__}: "
-            f"{exc}); if it takes no system message, set data.system_prompt='' (the reward's "
-            "default system prompt is added otherwise), or give a template that takes these "
-            "conversations (model.chat_template)"
-        ) from None
-
-
-def check_prompts_left(
-    prompts: list[EncodedPrompt], stats: dict[str, Any], field: str, where: Any, cfg: RunConfig
-) -> None:
-    """A RunError when encoding left a set without prompts (a run would wait for them forever)."""
-    if prompts:
-        return
-    dropped = stats["dropped"]
-    why = (
-        f"all {dropped} were longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens} "
-        "with the chat template applied: raise it, or set data.overlong_prompt=left_truncate"
-        if dropped
-        else "it holds no prompts (an empty file, or every line skipped): give it some"
-    )
-    raise RunError(f"{field}: no prompts are left in {where}: {why}")
 
 
 def wait_until_ready(cfg: RunConfig, workers: Workers, timeout_s: float = 900.0) -> None:
@@ -438,93 +314,6 @@ def _previous_initial_eval(run_dir: Path) -> dict | None:
         return None
 
 
-def build_summary(
-    monitor: RunMonitor,
-    results: dict[str, Any],
-    buffer_stats: dict[str, float],
-    start: float,
-    end: float,
-    steps: int,
-    initial: dict | None,
-    final: dict | None,
-) -> dict[str, Any]:
-    idle, figures = monitor.run_figures(end)
-    latencies = [
-        lat
-        for n, r in results.items()
-        if n.startswith("producer")
-        for lat in r.weight_sync_latencies_s
-    ]
-    staleness = [
-        m["staleness_mean"] for m in monitor.step_metrics.values() if "staleness_mean" in m
-    ]
-    token_staleness = [m for m in monitor.step_metrics.values() if "token_staleness_mean" in m]
-    return {
-        "wall_s": end - start,
-        "steps": steps,
-        "eval_accuracy_initial": _primary_accuracy(initial),
-        "eval_accuracy_final": _primary_accuracy(final),
-        "producer_idle_frac": idle.get("producer"),
-        "consumer_idle_frac": idle.get("consumer"),
-        "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0,
-        "mean_token_staleness": (
-            sum(m["token_staleness_mean"] for m in token_staleness) / len(token_staleness)
-            if token_staleness
-            else 0.0
-        ),
-        "max_token_staleness": max(
-            (m["token_staleness_max"] for m in token_staleness), default=0.0
-        ),
-        "overlap_efficiency": figures.overlap_efficiency if figures else None,
-        "producer_generate_frac": figures.producer_generate_frac if figures else None,
-        "overlap": figures.as_dict() if figures else None,
-        "weight_sync_latency_p50_s": percentile(latencies, 50) if latencies else None,
-        "weight_sync_latency_p95_s": percentile(latencies, 95) if latencies else None,
-        "weight_sync_bytes_per_version": _weight_sync_bytes(monitor),
-        "samples_trained": int(buffer_stats["samples_trained"]),
-        "samples_generated": int(buffer_stats["samples_generated"]),
-        "sample_utilization": buffer_stats["sample_utilization"],
-        "groups_filtered": int(
-            buffer_stats["groups_filtered_accuracy"] + buffer_stats["groups_filtered_truncated"]
-        ),
-        "partial_batches": int(buffer_stats["partial_batches"]),
-        "eval_initial": initial,
-        "eval_final": final,
-    }
-
-
-def add_startup(summary: dict[str, Any], clock: StartupClock, run_dir: Path) -> None:
-    """The start-up breakdown into ``summary`` (``startup_s``, ``startup``, ``startup_workers``:
-    :func:`zbrl.launch.startup.startup_summary`, from the run's spans), and as one log line."""
-    from zbrl.telemetry.timeline import read_timeline
-
-    try:
-        spans = read_timeline(run_dir)
-    except FileNotFoundError:
-        spans = []
-    summary.update(startup_summary(clock, spans))
-    print(startup_line(summary), flush=True)
-
-
-def _weight_sync_bytes(monitor: RunMonitor) -> int | None:
-    """Bytes of one published weight version (the median over this segment's publishes; with
-    ``model.lora``, the adapters'), from the ``publish_weights`` spans; None before any."""
-    from zbrl.telemetry.spans import PUBLISH_WEIGHTS
-    from zbrl.telemetry.timeline import read_timeline
-
-    try:
-        spans = read_timeline(monitor.run_dir)
-    except FileNotFoundError:
-        return None
-    since = monitor.window_start or 0.0
-    sizes = [
-        int(s.attrs["bytes"])
-        for s in spans
-        if s.name == PUBLISH_WEIGHTS and "bytes" in s.attrs and s.end >= since
-    ]
-    return int(percentile(sizes, 50)) if sizes else None
-
-
 def shutdown(workers: Workers | None, started_ray: bool) -> None:
     import ray
 
@@ -536,12 +325,6 @@ def shutdown(workers: Workers | None, started_ray: bool) -> None:
             workers.placement.remove()
     if started_ray:
         ray.shutdown()
-
-
-def _primary_accuracy(results: dict | None) -> float | None:
-    if not results:
-        return None
-    return next(iter(results.values())).get("accuracy")
 
 
 def _get(ref: Any, name: str, timeout: float | None = None) -> Any:
