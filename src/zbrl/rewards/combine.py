@@ -20,7 +20,6 @@ from zbrl.rewards.base import (
     RewardFunction,
     RewardResult,
     check_batch_lengths,
-    prepare_reward,
 )
 
 
@@ -54,10 +53,6 @@ class CombinedReward(BaseReward):
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
         return self.score_batch([response], [example], [ctx])[0]
-
-    def prepare(self) -> None:
-        for fn, _ in self.components:
-            prepare_reward(fn)
 
     def score_batch(
         self,
