@@ -7,10 +7,11 @@ command line's parser) imports neither the simulation nor torch (docs/performanc
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from zbrl.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from zbrl.planning.rates import RatesError, RunRates, read_rates
@@ -29,12 +30,7 @@ _HOMES = {
 """Where each public name lives."""
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _HOMES)
 
 
 class _Package(types.ModuleType):

@@ -3,8 +3,9 @@ objects into actors)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from zbrl.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from zbrl.transport.buffer import BufferSettings, BufferStats, RolloutBuffer
@@ -43,9 +44,4 @@ _HOMES = {
 telemetry hub's, the weight store's) does not import the rollout buffer and torch with it."""
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _HOMES)
