@@ -13,6 +13,7 @@ import pytest
 
 from zbrl.rewards import (
     BoxedReward,
+    CombinedReward,
     LengthShaping,
     RewardContext,
     ThinkAnswerReward,
@@ -21,6 +22,7 @@ from zbrl.rewards import (
     build_reward,
 )
 from zbrl.rewards.answer_check import answers_equivalent_many, normalize_answer, unsafe_reason
+from zbrl.rewards.base import prepare_reward
 from zbrl.rewards.boxed import last_boxed
 from zbrl.rewards.deadline import (
     DeadlineExceeded,
@@ -668,3 +670,53 @@ def test_a_worker_that_cannot_start_is_an_error_not_a_wrong_answer():
             run_with_deadline(math.factorial, (3,), 5.0, pool=pool)
     finally:
         pool.shutdown()
+
+
+def test_prestart_starts_one_worker_that_the_first_call_uses(monkeypatch):
+    started = []
+    real_init = _Worker.__init__
+
+    def counting_init(self, *args, **kwargs):
+        started.append(threading.current_thread().name)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_Worker, "__init__", counting_init)
+    pool = DeadlinePool(max_workers=2, preload=())
+    try:
+        pool.prestart()
+        pool.prestart()  # one is starting already: no second one
+        # the call waits for the prestarted worker instead of starting one of its own
+        assert run_with_deadline(math.factorial, (6,), 10.0, pool=pool) == 720
+        assert started == ["deadline-prestart"]
+        pool.prestart()  # a worker exists: nothing to start
+        assert started == ["deadline-prestart"]
+    finally:
+        pool.shutdown()
+
+
+def test_a_prestart_that_fails_leaves_the_error_to_the_first_call():
+    pool = DeadlinePool(max_workers=1, preload=("no_such_module_zbrl",))
+    try:
+        pool.prestart()
+        with pytest.raises(WorkerStartError, match=r"failed to start"):
+            run_with_deadline(math.factorial, (3,), 5.0, pool=pool)
+    finally:
+        pool.shutdown()
+
+
+def test_prepare_prestarts_the_checker_only_for_rewards_that_use_it(monkeypatch):
+    calls = []
+    monkeypatch.setattr(DeadlinePool, "prestart", lambda self: calls.append(self))
+    prepare_reward(ThinkAnswerReward())  # the default deadline: the worker is started
+    assert len(calls) == 1
+    prepare_reward(ThinkAnswerReward(timeout_s=None))  # checks in-process: nothing to start
+    prepare_reward(CombinedReward([(ThinkAnswerReward(timeout_s=None), 1.0)]))
+    assert len(calls) == 1
+    prepare_reward(CombinedReward([(ThinkAnswerReward(), 1.0)]))  # forwarded to the parts
+    assert len(calls) == 2
+
+    class OnlyTheProtocol:  # a user reward without prepare()
+        name = "plain"
+
+    prepare_reward(OnlyTheProtocol())
+    assert len(calls) == 2

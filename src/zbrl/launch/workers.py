@@ -38,6 +38,7 @@ from zbrl.config import RunConfig
 from zbrl.config.transport import ObjectStoreSync
 from zbrl.launch.placement import describe_process, node_address
 from zbrl.launch.reward_workers import reward_scorer
+from zbrl.rewards.base import prepare_reward
 from zbrl.telemetry.spans import STARTUP, SpanRecorder
 from zbrl.training.consumer import ThreadLending
 from zbrl.training.distributed import GroupSpec, join_group
@@ -159,6 +160,10 @@ class ProducerWorker:
         _setup_process(cfg, 1000 + index)
         self.recorder = SpanRecorder(f"producer-{index}", "producer")
         self.hub = HubClient(RayHandle(hub))
+        with timer.part("reward"):  # first: what it starts in the background (prepare) has
+            # the model's load to finish in
+            reward_fn = build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers))
+            prepare_reward(reward_fn)
         with timer.part("backend"):
             backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
         self.receiver = build_receiver(
@@ -169,8 +174,6 @@ class ProducerWorker:
             member=f"producer-{index}",
             broadcast=broadcast_settings(cfg, node_address()),
         )
-        with timer.part("reward"):
-            reward_fn = build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers))
         self.producer = Producer(
             producer_settings(cfg, index),
             prompts,

@@ -119,6 +119,19 @@ class BaseReward:
         check_batch_lengths(responses, examples, contexts)
         return [self.score(r, e, c) for r, e, c in zip(responses, examples, contexts)]
 
+    def prepare(self) -> None:
+        """Start, in the background, what the first ``score_batch`` would otherwise wait for
+        (nothing here). Called once by the process that will score (a producer), never by the
+        pre-flight checks, which build rewards only to check them."""
+
+
+def prepare_reward(reward: RewardFunction) -> None:
+    """``reward.prepare()`` where it has one (a reward that implements only
+    :class:`RewardFunction`'s two methods has nothing to prepare)."""
+    prepare = getattr(reward, "prepare", None)
+    if callable(prepare):
+        prepare()
+
 
 def check_batch_lengths(
     responses: Sequence[str], examples: Sequence[Example], contexts: Sequence[RewardContext]

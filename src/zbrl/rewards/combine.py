@@ -20,6 +20,7 @@ from zbrl.rewards.base import (
     RewardFunction,
     RewardResult,
     check_batch_lengths,
+    prepare_reward,
 )
 
 
@@ -53,6 +54,10 @@ class CombinedReward(BaseReward):
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
         return self.score_batch([response], [example], [ctx])[0]
+
+    def prepare(self) -> None:
+        for fn, _ in self.components:
+            prepare_reward(fn)
 
     def score_batch(
         self,

@@ -225,6 +225,8 @@ class DeadlinePool:
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         self._starting = 0
+        self._prestarting = False
+        """A worker is starting in :meth:`prestart`'s thread: the first call waits for it."""
         self._closed = False
 
     def run(
@@ -304,6 +306,34 @@ class DeadlinePool:
             self._release(worker, healthy)
         return outcomes
 
+    def prestart(self) -> None:
+        """Start one worker in a background thread when none is running or starting, so that
+        the first call finds it ready instead of waiting for its start-up (an interpreter that
+        imports ``preload``: about half a second of CPU for the answer checker, on the first
+        scoring's path otherwise). A start that fails is left to the first call, which then
+        starts a worker itself and reports why it fails."""
+        with self._cond:
+            if self._closed or self._all or self._starting:
+                return
+            self._starting += 1
+            self._prestarting = True
+        threading.Thread(target=self._prestart, name="deadline-prestart", daemon=True).start()
+
+    def _prestart(self) -> None:
+        worker = None
+        with contextlib.suppress(BaseException):  # the first call starts one and says why
+            worker = _Worker(self.preload, self.startup_timeout_s)
+        with self._cond:
+            self._starting -= 1
+            self._prestarting = False
+            if worker is not None and not self._closed:
+                self._all.add(worker)
+                self._idle.append(worker)
+                worker = None
+            self._cond.notify_all()
+        if worker is not None:  # the pool was shut down meanwhile
+            worker.kill()
+
     def _acquire(self) -> _Worker:
         with self._cond:
             while True:
@@ -311,6 +341,9 @@ class DeadlinePool:
                     raise RuntimeError("DeadlinePool is shut down")
                 if self._idle:
                     return self._idle.pop()
+                if self._prestarting:  # the worker prestart() is starting comes first
+                    self._cond.wait()
+                    continue
                 if len(self._all) + self._starting < self.max_workers:
                     self._starting += 1
                     break

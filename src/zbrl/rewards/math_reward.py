@@ -15,6 +15,7 @@ from zbrl.rewards.base import (
     RewardResult,
     check_batch_lengths,
 )
+from zbrl.rewards.deadline import default_pool
 from zbrl.rewards.length import LengthShaping, as_length_shaping
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +73,12 @@ class MathAnswerReward(BaseReward):
         self.length_shaping = as_length_shaping(length_shaping, self.name)
         self.timeout_s = timeout_s
         self.answer_field = answer_field
+
+    def prepare(self) -> None:
+        """Start the answer checker's deadline worker now (:meth:`DeadlinePool.prestart`), so
+        that the first batch does not wait for its start-up."""
+        if self.timeout_s is not None:
+            default_pool().prestart()
 
     def extract(self, response: str) -> tuple[str | None, bool, str | None]:
         """``(answer or None, format_valid, why the format is invalid or None)``."""
