@@ -59,7 +59,7 @@ def save_reward_model(
 # The embedded reward model, trained to predict correctness (cached like the warm start)
 
 MARKER = "REWARD_MODEL_COMPLETE"
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4
 """Bump when the training code changes in a way that changes its result."""
 
 
@@ -84,11 +84,15 @@ class RewardModelSettings:
     """The classifier's transformer comes from a longer supervised run of the same warm start
     (this many steps, no early stop; cached like the warm start), whose hidden states already
     carry the sums; None: from the sampling policy itself."""
-    objective: Literal["pointwise", "pairwise", "tokenwise"] = "pairwise"
-    """``pointwise``: logistic loss on each response's 0/1 label; ``pairwise``: a
+    objective: Literal["likelihood", "pointwise", "pairwise", "tokenwise"] = "likelihood"
+    """``likelihood``: the backbone LM itself, frozen, scores each response token by its
+    log-probability, and a two-feature head (the minimum and the mean over the response) is
+    fitted to the 0/1 labels (:mod:`zbrl.models.likelihood_verifier`; ``steps``, ``batch_size``
+    and ``lr`` are not used). The others train a sequence classifier on the backbone's
+    transformer: ``pointwise``, a logistic loss on each response's 0/1 label; ``pairwise``, a
     Bradley-Terry loss on (correct, wrong) responses to the SAME problem, so that what makes a
     problem easy (no carry, say) cannot score by itself — only what separates right from wrong
-    answers to one problem does; ``tokenwise``: the classifier's head is read at every response
+    answers to one problem does; ``tokenwise``, the classifier's head is read at every response
     token and trained (logistic loss) to say whether the response so far is still on a right
     path (:func:`zbrl.models.reward_model_data.prefix_labels`), on the sampled responses plus
     ``references`` reference completions and their corruptions; the score read at the last
@@ -292,20 +296,17 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         rate = sum(labels) / len(labels)
         print(f"[zbrl] reward model: {len(texts)} sampled pairs, {rate:.2f} correct "
               f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
-    c = policy.config
-    extra = s.extra_layers if s.objective == "tokenwise" else 0
-    model = build_tiny_reward_model(
-        tokenizer, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers + extra,
-        num_heads=c.num_attention_heads, seed=s.seed,
-    )  # fmt: skip
-    backbone = _backbone(s, policy_dir, policy).model.state_dict()
-    model.model.load_state_dict(backbone, strict=extra == 0)  # new layers stay fresh
-    model.to("cuda" if torch.cuda.is_available() else "cpu")  # sampled above on the CPU
     tokenizer.padding_side = "right"
-    if s.objective == "tokenwise":
-        _train_tokenwise(model, tokenizer, texts, labels, train_rows, s, started, verbose)
+    if s.objective == "likelihood":
+        model = _fit_likelihood_verifier(
+            _backbone(s, policy_dir, policy), tokenizer, texts, labels, started, verbose
+        )
     else:
-        _train_sequence(model, tokenizer, texts, labels, len(train_rows), s, started, verbose)
+        model = _classifier(s, policy_dir, policy, tokenizer)
+        if s.objective == "tokenwise":
+            _train_tokenwise(model, tokenizer, texts, labels, train_rows, s, started, verbose)
+        else:
+            _train_sequence(model, tokenizer, texts, labels, len(train_rows), s, started, verbose)
     eval_logits = _logits(model, tokenizer, eval_texts)
     figures = held_out_figures(eval_logits, eval_labels)
     eval_pairs = same_problem_pairs(eval_labels, s.samples_per_prompt)
@@ -330,6 +331,45 @@ def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: 
         "train": train_figures,
         "train_seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _classifier(s: RewardModelSettings, policy_dir: Path, policy: Any, tokenizer: Any) -> Any:
+    """The classifier the ``pointwise``, ``pairwise`` and ``tokenwise`` objectives train: the
+    backbone's transformer (plus ``extra_layers`` fresh ones for ``tokenwise``), a fresh head."""
+    c = policy.config
+    extra = s.extra_layers if s.objective == "tokenwise" else 0
+    model = build_tiny_reward_model(
+        tokenizer, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers + extra,
+        num_heads=c.num_attention_heads, seed=s.seed,
+    )  # fmt: skip
+    backbone = _backbone(s, policy_dir, policy).model.state_dict()
+    model.model.load_state_dict(backbone, strict=extra == 0)  # new layers stay fresh
+    return model.to("cuda" if torch.cuda.is_available() else "cpu")  # sampled on the CPU
+
+
+def _fit_likelihood_verifier(
+    backbone: Any, tokenizer: Any, texts: list[str], labels: list[float], started: float,
+    verbose: bool,
+) -> Any:  # fmt: skip
+    """The ``likelihood`` objective: the backbone LM, frozen, inside a
+    :mod:`zbrl.models.likelihood_verifier` whose two-feature head is fitted by logistic
+    regression on the sampled responses' labels."""
+    from zbrl.models.likelihood_verifier import build_likelihood_verifier, fit_head
+
+    verifier = build_likelihood_verifier(backbone, tokenizer.convert_tokens_to_ids("<|assistant|>"))
+    verifier.eval()
+    with torch.no_grad():
+        features_NF = torch.cat([
+            verifier.features(**_encode(tokenizer, texts[i : i + 256]))
+            for i in range(0, len(texts), 256)
+        ])  # fmt: skip
+    loss = fit_head(verifier, features_NF, torch.tensor(labels))
+    if verbose:
+        w, b = verifier.score.weight[0].tolist(), verifier.score.bias.item()
+        print(f"[zbrl] reward model: likelihood head fitted on {len(texts)} responses, loss "
+              f"{loss:.3f}, logit = {w[0]:.3f} * min + {w[1]:.3f} * mean + {b:.3f} "
+              f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+    return verifier
 
 
 def _train_sequence(

@@ -71,6 +71,8 @@ class RewardModelScorer:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        import zbrl.models.likelihood_verifier  # noqa: F401  (registers zbrl's verifier type)
+
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
