@@ -1,8 +1,12 @@
 """The embedded reward model at several training budgets and objectives: held-out figures and
-build time, then (optionally) the RL demo on each classifier, true held-out accuracy by step.
+build time, then (optionally) the RL demo on each reward model, true held-out accuracy by step.
 
+    python bench/reward_model_sweep.py --objectives likelihood --rl-steps 300 --seeds 0 1 2
     python bench/reward_model_sweep.py --steps 600 8000 --objectives pairwise tokenwise
     python bench/reward_model_sweep.py --steps 8000 --objectives tokenwise --rl-steps 300
+
+``likelihood`` (the default objective, :mod:`zbrl.models.likelihood_verifier`) fits a two-feature
+head and has no step budget: it is built once per seed whatever ``--steps`` says.
 
 The classifier trains on a GPU when one is visible (sampling stays on the CPU); the RL runs use
 recipes/demo_reward_model.yaml with ``reward.path`` set to each classifier's directory, so
@@ -24,9 +28,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo_reward_model.ya
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[600, 8000])
-    parser.add_argument("--objectives", nargs="+", default=["pairwise", "tokenwise"])
+    parser.add_argument("--objectives", nargs="+", default=["likelihood", "pairwise", "tokenwise"])
     parser.add_argument("--lr", type=float, default=None, help="default: 5e-4 (1e-3 tokenwise)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--cache", default=".cache/zbrl")
     parser.add_argument("--rl-steps", type=int, default=0, help="0: no RL runs")
     parser.add_argument("--out", default="/tmp/zbrl-rm-sweep")
@@ -36,28 +40,33 @@ def main() -> None:
     from zbrl.config import load_config
     from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
 
-    cfg = load_config(RECIPE, [f"seed={args.seed}", f"logging.cache_dir={args.cache}"])
-    policy = embedded_policy_dir(cfg, Path(args.cache))
-    for objective in args.objectives:
-        for steps in args.steps:
-            lr = args.lr if args.lr is not None else (1e-3 if objective == "tokenwise" else 5e-4)
-            started = time.perf_counter()
-            built = ensure_reward_model(
-                args.cache, policy, seed=args.seed, objective=objective, steps=steps, lr=lr
-            )
-            summary = read_reward_model_summary(built)
-            took = round(time.perf_counter() - started, 1)
-            row = {"objective": objective, "steps": steps, "lr": lr, "dir": str(built),
-                   "seconds": took, **summary["heldout"]}  # fmt: skip
-            print(json.dumps(row), flush=True)
-            if args.rl_steps:
-                print(json.dumps({**row, "rl": rl_run(args, built, objective, steps)}), flush=True)
+    for seed in args.seeds:
+        cfg = load_config(RECIPE, [f"seed={seed}", f"logging.cache_dir={args.cache}"])
+        policy = embedded_policy_dir(cfg, Path(args.cache))
+        for objective in args.objectives:
+            budgets = args.steps[:1] if objective == "likelihood" else args.steps
+            for steps in budgets:
+                lr = (
+                    args.lr if args.lr is not None else (1e-3 if objective == "tokenwise" else 5e-4)
+                )
+                started = time.perf_counter()
+                built = ensure_reward_model(
+                    args.cache, policy, seed=seed, objective=objective, steps=steps, lr=lr
+                )
+                summary = read_reward_model_summary(built)
+                took = round(time.perf_counter() - started, 1)
+                row = {"seed": seed, "objective": objective, "steps": steps, "lr": lr,
+                       "dir": str(built), "seconds": took, **summary["heldout"]}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                if args.rl_steps:
+                    rl = rl_run(args, built, objective, steps, seed)
+                    print(json.dumps({**row, "rl": rl}), flush=True)
 
 
-def rl_run(args: argparse.Namespace, rm_dir: Path, objective: str, steps: int) -> dict:
-    run_dir = Path(args.out) / f"rl-{objective}-{steps}-s{args.seed}"
+def rl_run(args: argparse.Namespace, rm_dir: Path, objective: str, steps: int, seed: int) -> dict:
+    run_dir = Path(args.out) / f"rl-{objective}-{steps}-s{seed}"
     overrides = [
-        f"seed={args.seed}", f"logging.cache_dir={args.cache}", f"logging.run_dir={run_dir}",
+        f"seed={seed}", f"logging.cache_dir={args.cache}", f"logging.run_dir={run_dir}",
         f"reward.path={rm_dir}", f"training.max_steps={args.rl_steps}", "logging.progress=false",
         f"eval.interval={max(1, args.rl_steps // 4)}",
     ]  # fmt: skip
