@@ -247,7 +247,7 @@ def test_target_modules_not_in_the_model_are_named_with_the_ones_that_are(tiny_m
 @pytest.mark.parametrize(
     ("override", "fix"),
     [
-        ("rollout.backend=vllm", "rollout.backend=transformers"),
+        ("rollout.backend=vllm model.lora.rank=1024", "rollout.backend=transformers"),
         ("training.engine=fsdp2", "training.engine=ddp"),
         ("algorithm.preset=ppo", "algorithm.advantage=grpo"),
     ],
@@ -255,7 +255,11 @@ def test_target_modules_not_in_the_model_are_named_with_the_ones_that_are(tiny_m
 def test_unsupported_combinations_are_refused_with_the_fix(override, fix):
     extra = ("launch.num_consumers=2",) if "fsdp2" in override else ()
     with pytest.raises(ConfigError, match=f"model.lora.*{fix}"):
-        config(override, *extra)
+        config(*override.split(), *extra)
+
+
+def test_lora_with_the_vllm_backend_is_accepted():
+    assert config("rollout.backend=vllm").model.lora.rank == 4
 
 
 def test_lora_section_defaults_target_every_linear_layer_of_a_llama_block():
@@ -273,7 +277,7 @@ def test_lora_section_defaults_target_every_linear_layer_of_a_llama_block():
     assert load_config(None, []).model.lora is None
 
 
-def test_eval_of_a_lora_checkpoint_checks_its_base_and_refuses_vllm(checkpointed, tmp_path):
+def test_eval_of_a_lora_checkpoint_checks_its_base(checkpointed, tmp_path):
     import json
     import shutil
 
@@ -281,8 +285,7 @@ def test_eval_of_a_lora_checkpoint_checks_its_base_and_refuses_vllm(checkpointed
 
     path = checkpointed[3]
     check_lora_checkpoint(load_config(None, []), path)  # peft, transformers, the base: fine
-    with pytest.raises(RunError, match=r"only the transformers backend.*rollout\.backend="):
-        check_lora_checkpoint(load_config(None, ["rollout.backend=vllm"]), path)
+    check_lora_checkpoint(load_config(None, ["rollout.backend=vllm"]), path)  # vLLM serves it
     moved = shutil.copytree(path, tmp_path / "step-3")
     config_file = moved / "adapter_config.json"
     config_file.write_text(

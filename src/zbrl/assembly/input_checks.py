@@ -96,8 +96,8 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
 
 
 def check_lora_checkpoint(cfg: RunConfig, adapter_dir: Path) -> None:
-    """``zbrl eval --model`` of a LoRA checkpoint: peft is installed, the backend merges adapters
-    (transformers) and the base model it names is there."""
+    """``zbrl eval --model`` of a LoRA checkpoint: peft is installed and the base model it
+    names is there (the transformers backend merges the adapters into it, vLLM serves them)."""
     import sys
 
     from zbrl.models import lora
@@ -107,11 +107,6 @@ def check_lora_checkpoint(cfg: RunConfig, adapter_dir: Path) -> None:
         raise RunError(
             f"--model {adapter_dir} is a LoRA checkpoint, but peft is not installed in this "
             f"environment ({sys.executable}): {lora.INSTALL_HINT}"
-        )
-    if cfg.rollout.backend.type != "transformers":
-        raise RunError(
-            f"--model {adapter_dir} is a LoRA checkpoint, which only the transformers backend "
-            "evaluates (it merges the adapters into the base); set rollout.backend=transformers"
         )
     base = lora.base_dir_of(adapter_dir)
     check_model_dir(base, field="--model", spec=f"{adapter_dir}'s base model {base}")

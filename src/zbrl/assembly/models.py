@@ -40,21 +40,8 @@ def load_policy(cfg: RunConfig, model_dir: Path, dtype: torch.dtype):
 
 def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     """The inference backend of a producer or the evaluator, in the calling process."""
-    backend = cfg.rollout.backend
-    if backend.type == "vllm":
-        from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
-
-        settings = VllmSettings(
-            dtype=cfg.model.dtype,  # the inference dtype (published weights are cast to it)
-            seed=torch.initial_seed() % 2**31,  # the process's seed (set per worker)
-            max_model_len=backend.max_model_len,
-            enforce_eager=backend.enforce_eager,
-            gpu_memory_utilization=backend.gpu_memory_utilization,
-            tensor_parallel_size=backend.tensor_parallel_size,
-            cpu_kv_cache_gib=backend.cpu_kv_cache_gib,
-            trust_remote_code=cfg.model.trust_remote_code,
-        )
-        return VllmBackend(model_dir, tokenizer_dir, settings)
+    if cfg.rollout.backend.type == "vllm":
+        return build_vllm_backend(cfg, model_dir, tokenizer_dir)
     from zbrl.models import lora
     from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
@@ -73,6 +60,45 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     if adapter_dir is not None:  # a LoRA checkpoint: its adapters merged into the base
         backend.load_weights(lora.load_adapter_tensors(adapter_dir))
     return backend
+
+
+def build_vllm_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
+    """The vLLM backend of :func:`build_backend`. With ``model.lora``, or a LoRA checkpoint as
+    ``model_dir``, the engine loads the frozen base and serves the adapters it is sent through
+    vLLM's LoRA support (:mod:`zbrl.rollout.backends.vllm_lora`); a checkpoint's own adapters
+    are loaded first."""
+    from zbrl.models import lora
+    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm_lora import AdapterSpec
+
+    backend = cfg.rollout.backend
+    settings = VllmSettings(
+        dtype=cfg.model.dtype,  # the inference dtype (published weights are cast to it)
+        seed=torch.initial_seed() % 2**31,  # the process's seed (set per worker)
+        max_model_len=backend.max_model_len,
+        enforce_eager=backend.enforce_eager,
+        gpu_memory_utilization=backend.gpu_memory_utilization,
+        tensor_parallel_size=backend.tensor_parallel_size,
+        cpu_kv_cache_gib=backend.cpu_kv_cache_gib,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+    adapter_dir = model_dir if lora.is_adapter_dir(model_dir) else None
+    base_dir = lora.base_dir_of(adapter_dir) if adapter_dir else model_dir
+    spec = None
+    if adapter_dir is not None:
+        spec = AdapterSpec.from_adapter_config(lora.read_adapter_config(adapter_dir), str(base_dir))
+    elif cfg.model.lora is not None:
+        spec = AdapterSpec(
+            rank=cfg.model.lora.rank,
+            alpha=cfg.model.lora.alpha,
+            target_modules=tuple(cfg.model.lora.target_modules),
+            base_model=str(base_dir),
+            use_rslora=False,
+        )
+    vllm_backend = VllmBackend(base_dir, tokenizer_dir, settings, lora=spec)
+    if adapter_dir is not None:  # a LoRA checkpoint: serve its adapters
+        vllm_backend.load_weights(lora.load_adapter_tensors(adapter_dir))
+    return vllm_backend
 
 
 def build_engine(

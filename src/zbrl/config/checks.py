@@ -199,15 +199,19 @@ def check_engine(cfg: RunSections) -> None:
         )
 
 
+VLLM_MAX_LORA_RANK = 512
+"""The largest ``max_lora_rank`` vLLM accepts (vllm.config.lora.MaxLoRARanks)."""
+
+
 def check_lora(cfg: RunSections) -> None:
     """LoRA runs where its adapter-only weight sync and checkpoints are implemented."""
     if cfg.model.lora is None:
         return
-    if cfg.rollout.backend.type == "vllm":
+    if cfg.rollout.backend.type == "vllm" and cfg.model.lora.rank > VLLM_MAX_LORA_RANK:
         raise ValueError(
-            "model.lora with rollout.backend.type=vllm: zbrl sends LoRA adapters only to the "
-            "transformers backend, which merges them into its base; set "
-            "rollout.backend=transformers, or remove model.lora to train (and send) full weights"
+            f"model.lora.rank={cfg.model.lora.rank} with rollout.backend.type=vllm: vLLM serves "
+            f"LoRA adapters of rank {VLLM_MAX_LORA_RANK} at most; lower model.lora.rank, or set "
+            "rollout.backend=transformers (which merges the adapters into its base)"
         )
     if cfg.training.engine.type == "fsdp2":
         raise ValueError(

@@ -86,8 +86,8 @@ class ModelConfig(Section):
     lora: LoraConfig | None = None
     """LoRA adapters on a frozen base (needs the ``lora`` extra: peft); None trains every
     weight. Only the adapters travel to producers and the evaluator (merged into their base on
-    the transformers backend) and only they are checkpointed. Not with
-    ``rollout.backend=vllm``, ``training.engine=fsdp2`` or ``algorithm.critic``."""
+    the transformers backend, served through vLLM's LoRA support on the vLLM backend) and only
+    they are checkpointed. Not with ``training.engine=fsdp2`` or ``algorithm.critic``."""
 
     @field_validator("dtype")
     @classmethod

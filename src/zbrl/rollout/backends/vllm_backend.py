@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+from zbrl.rollout.backends.vllm_lora import AdapterSpec, VllmAdapters, engine_args
 
 INSTALL_HINT = (
     "install vLLM next to zbrl: on CPU `make setup-vllm` (a .venv-vllm with "
@@ -88,7 +89,15 @@ def _quiet_reload_logs() -> None:
 class VllmBackend:
     """The :class:`~zbrl.rollout.backends.base.InferenceBackend` over ``vllm.LLM``."""
 
-    def __init__(self, model_dir: str | Path, tokenizer_dir: str | Path, s: VllmSettings) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tokenizer_dir: str | Path,
+        s: VllmSettings,
+        lora: AdapterSpec | None = None,
+    ) -> None:
+        """``lora``: serve LoRA adapters on the base ``model_dir`` (``model.lora``): what
+        :meth:`load_weights` then receives are adapters (:mod:`.vllm_lora`)."""
         if not vllm_available():
             raise ImportError(
                 f"rollout.backend.type=vllm but vLLM is not installed: {INSTALL_HINT}"
@@ -113,6 +122,8 @@ class VllmBackend:
         }
         if s.max_model_len is not None:
             kwargs["max_model_len"] = s.max_model_len
+        if lora is not None:
+            kwargs.update(engine_args(lora))
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
         self.llm = LLM(**kwargs)
@@ -120,6 +131,7 @@ class VllmBackend:
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.adapters = VllmAdapters(self.llm, lora) if lora is not None else None
 
     def generate(
         self,
@@ -143,6 +155,7 @@ class VllmBackend:
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
             self._sampling_params(replace(params, n=1) if greedy else params),
             use_tqdm=False,
+            lora_request=self.lora_request,
         )
         groups = [[self._completion(c) for c in out.outputs] for out in outputs]
         if greedy:
@@ -151,7 +164,12 @@ class VllmBackend:
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Swap the weights into the running engine (names as in the trainer's ``state_dict``);
-        cached prompt KV computed with the old weights is dropped."""
+        cached prompt KV computed with the old weights is dropped. With LoRA the tensors are
+        the adapters (peft's names), served from then on through vLLM's LoRA support."""
+        if self.adapters is not None:
+            self.adapters.load(named_tensors)
+            self.llm.reset_prefix_cache()
+            return
         weights = dict(named_tensors)
         embedding = weights.get(TIED_EMBEDDING)
         if self.tied_embeddings and embedding is not None and TIED_HEAD not in weights:
@@ -159,6 +177,12 @@ class VllmBackend:
             weights[TIED_HEAD] = embedding
         self.llm.collective_rpc(_reload_weights, args=(list(weights.items()),))
         self.llm.reset_prefix_cache()
+
+    @property
+    def lora_request(self) -> Any:
+        """The ``LoRARequest`` of the loaded adapters, for every ``llm.generate`` call; None
+        without LoRA or before the first version (the base)."""
+        return self.adapters.request if self.adapters is not None else None
 
     def release_memory(self) -> None:
         if torch.cuda.is_available():

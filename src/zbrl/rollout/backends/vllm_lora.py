@@ -1,0 +1,191 @@
+"""LoRA adapters on the vLLM backend (``model.lora`` with ``rollout.backend.type=vllm``).
+
+The engine loads the frozen base and starts with vLLM's LoRA support on (:func:`engine_args`).
+Every published version (the adapter tensors only, by peft's names
+``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``) is written as a peft adapter
+directory (``adapter_config.json`` + ``adapter_model.safetensors``, :func:`write_adapter_dir`),
+loaded into the engine under a new LoRA id and used for every generation after it
+(:class:`VllmAdapters`). A new id per version is what makes vLLM read the new tensors: it caches
+adapters by id. The previous version is then removed from the engine and its directory deleted,
+so one version is held at a time. Before the first version arrives the engine serves the base,
+which is what adapters at their initial value (``B = 0``) compute.
+
+Nothing here imports vLLM at module level: the directory writer is tested without it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+"""peft's file names and tensor-name prefix (as in :mod:`zbrl.models.lora`)."""
+
+ENGINE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``max_lora_rank`` (vllm.config.lora.MaxLoRARanks)."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What vLLM needs to know about the adapters besides their tensors."""
+
+    rank: int
+    """``r`` of every adapter (``A`` is ``r x in``)."""
+    alpha: float
+    """``lora_alpha``: the update is ``alpha / rank * B @ A`` (``alpha / sqrt(rank)`` with
+    rsLoRA)."""
+    target_modules: tuple[str, ...] | str
+    """Module names (last component) that carry adapters, or peft's regular expression over
+    full module names (a checkpoint trained elsewhere may use one)."""
+    base_model: str
+    """The base model's directory (``base_model_name_or_path`` in the adapter config)."""
+    use_rslora: bool
+    """rsLoRA scaling (a checkpoint trained elsewhere may use it; zbrl's own runs do not)."""
+
+    @classmethod
+    def from_adapter_config(cls, config: Mapping[str, Any], base_model: str) -> AdapterSpec:
+        """The spec of a peft adapter directory from its ``adapter_config.json`` contents."""
+        targets = config["target_modules"]
+        return cls(
+            rank=int(config["r"]),
+            alpha=float(config["lora_alpha"]),
+            target_modules=targets if isinstance(targets, str) else tuple(targets),
+            base_model=base_model,
+            use_rslora=bool(config.get("use_rslora", False)),
+        )
+
+
+def engine_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``; ValueError
+    above vLLM's largest."""
+    for allowed in ENGINE_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"LoRA rank {rank} is above the largest vLLM serves ({ENGINE_RANKS[-1]}); lower "
+        "model.lora.rank or use rollout.backend=transformers"
+    )
+
+
+def engine_args(spec: AdapterSpec) -> dict[str, Any]:
+    """``vllm.LLM`` arguments that turn LoRA on for one adapter at a time (``max_cpu_loras``
+    equals ``max_loras``: no older version stays cached)."""
+    return {
+        "enable_lora": True,
+        "max_lora_rank": engine_rank(spec.rank),
+        "max_loras": 1,
+        "max_cpu_loras": 1,
+    }
+
+
+def adapter_config(spec: AdapterSpec) -> dict[str, Any]:
+    """``adapter_config.json`` of a plain LoRA adapter as peft writes it (the fields peft and
+    vLLM read)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": spec.base_model,
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "lora_dropout": 0.0,
+        "target_modules": (
+            spec.target_modules
+            if isinstance(spec.target_modules, str)
+            else list(spec.target_modules)
+        ),
+        "bias": "none",
+        "use_rslora": spec.use_rslora,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+
+
+def check_adapter_tensors(named_tensors: Mapping[str, torch.Tensor], spec: AdapterSpec) -> None:
+    """ValueError unless every tensor is a LoRA ``A`` (``rank x in``) or ``B`` (``out x rank``)
+    by peft's names, each ``A`` with its ``B``: what a LoRA run's consumer publishes."""
+    parts: dict[str, set[str]] = {}
+    for name, tensor in named_tensors.items():
+        stem, dot, part = name.rpartition(".lora_")
+        if not dot or part not in ("A.weight", "B.weight") or not stem.startswith(PREFIX):
+            raise ValueError(
+                f"{name!r} is not a LoRA adapter tensor ({PREFIX}<module>.lora_A/B.weight); "
+                "the vLLM backend of a model.lora run receives adapters only"
+            )
+        axis = 0 if part[0] == "A" else 1
+        if tensor.dim() != 2 or tensor.shape[axis] != spec.rank:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, not rank {spec.rank} "
+                "(model.lora.rank of the run)"
+            )
+        parts.setdefault(stem, set()).add(part[0])
+    unpaired = sorted(stem for stem, got in parts.items() if got != {"A", "B"})
+    if unpaired:
+        raise ValueError(f"adapters without both lora_A and lora_B: {unpaired[:3]}")
+    if not parts:
+        raise ValueError("no adapter tensors given")
+
+
+def write_adapter_dir(
+    path: str | Path, named_tensors: Mapping[str, torch.Tensor], spec: AdapterSpec
+) -> Path:
+    """Write ``named_tensors`` (checked by :func:`check_adapter_tensors`) as the peft adapter
+    directory ``path`` (created), tensors in the dtype they came in; returns ``path``."""
+    from safetensors.torch import save_file
+
+    check_adapter_tensors(named_tensors, spec)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()}
+    save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (path / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(spec), indent=2))
+    return path
+
+
+class VllmAdapters:
+    """The adapter versions of one running engine (``llm``: a ``vllm.LLM`` started with
+    :func:`engine_args`). :attr:`request` is the ``LoRARequest`` to generate with (None: the base,
+    before any version). Directories go under ``root`` (default: a new temporary directory,
+    deleted with this object)."""
+
+    def __init__(self, llm: Any, spec: AdapterSpec, root: str | Path | None = None) -> None:
+        self.llm = llm
+        self.spec = spec
+        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="zbrl-lora-"))
+        self.request: Any = None
+        self._next_id = 1
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
+
+    def load(self, named_tensors: Mapping[str, torch.Tensor]) -> Any:
+        """Write the adapters, load them into the engine under a new id (errors surface here,
+        not in the next generation) and make them :attr:`request`; the previous version leaves
+        the engine and the disk. Returns the new request."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id, self._next_id = self._next_id, self._next_id + 1
+        path = write_adapter_dir(self.root / f"v{lora_id}", named_tensors, self.spec)
+        request = LoRARequest(f"zbrl-adapter-{lora_id}", lora_id, str(path))
+        engine = self.llm.llm_engine
+        if not engine.add_lora(request):
+            shutil.rmtree(path, ignore_errors=True)
+            raise RuntimeError(f"vLLM did not load the LoRA adapter written to {path}")
+        old, self.request = self.request, request
+        if old is not None:
+            if old.lora_int_id in engine.list_loras():  # max_cpu_loras=1 evicted it already
+                engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        return request
+
+    def close(self) -> None:
+        """Delete the adapter directories now."""
+        self._cleanup()

