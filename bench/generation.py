@@ -67,6 +67,7 @@ def build_backend(model_dir: str, backend: str):
             tensor_parallel_size=1,
             cpu_kv_cache_gib=1,
             trust_remote_code=False,
+            inflight_updates=False,
         )
         return VllmBackend(model_dir, model_dir, settings)
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -27,6 +27,7 @@ def engine(tiny_model_dir):
         tensor_parallel_size=1,
         cpu_kv_cache_gib=1,
         trust_remote_code=False,
+        inflight_updates=False,
     )
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
 

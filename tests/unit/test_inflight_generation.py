@@ -201,7 +201,7 @@ def test_greedy_copies_carry_their_versions(backend):
 @pytest.mark.parametrize(
     ("overrides", "fix"),
     [
-        (["rollout.backend=vllm"], "rollout.backend=transformers"),
+        (["rollout.backend=vllm", "model.lora.rank=4"], "rollout.backend=transformers"),
         (["environment=tools"], "rollout.inflight_updates.enabled=false"),
     ],
 )
@@ -210,6 +210,7 @@ def test_inflight_updates_are_refused_where_they_do_not_apply(overrides, fix):
 
     assert not load_config(None, []).rollout.inflight_updates.enabled  # off by default
     load_config(None, ["rollout.inflight_updates.enabled=true"])
+    load_config(None, ["rollout.inflight_updates.enabled=true", "rollout.backend=vllm"])
     with pytest.raises(ConfigError, match=r"rollout\.inflight_updates\.enabled=true") as info:
         load_config(None, ["rollout.inflight_updates.enabled=true", *overrides])
     assert fix in str(info.value)

