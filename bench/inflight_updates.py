@@ -27,6 +27,13 @@ chunk boundary (the same weights reloaded, so each swap pays the load and, unles
 kept, its recompute):
 
     python bench/inflight_updates.py --overhead .cache/zbrl/warm-<hash> --repeats 20
+
+``--backend vllm`` (in .venv-vllm) times the same on the vLLM backend: ``LLM.generate`` against
+the engine stepped by hand (zbrl/rollout/backends/vllm_inflight.py) without and with a new
+version every ``--chunk-tokens`` steps. The training runs take the backend from the overrides
+(``rollout.backend.type=vllm``).
+
+    .venv-vllm/bin/python bench/inflight_updates.py --backend vllm --overhead .cache/zbrl/warm-<h>
 """
 
 from __future__ import annotations
@@ -117,7 +124,34 @@ def figures(summary: dict, group_size: int) -> dict:
     }
 
 
-def overhead(model_dir: str, chunk_tokens: int, repeats: int) -> None:
+def overhead_backend(name: str, model_dir: str):
+    """The backend ``--overhead`` times, on one thread."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    if name == "vllm":
+        from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+
+        settings = VllmSettings(
+            dtype="float32",
+            seed=0,
+            max_model_len=None,
+            enforce_eager=True,
+            gpu_memory_utilization=0.5,
+            tensor_parallel_size=1,
+            cpu_kv_cache_gib=1,
+            trust_remote_code=False,
+            inflight_updates=True,
+        )
+        return VllmBackend(model_dir, model_dir, settings)
+    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
+
+
+def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str) -> None:
     """Seconds per demo-sized generate call: unchunked, chunked, chunked with swaps."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -125,11 +159,9 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int) -> None:
     from zbrl.data.prompts import PromptEncoder
     from zbrl.data.synthetic import make_arithmetic_rows
     from zbrl.rollout.backends.base import InflightSwap, SamplingParams
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
-    torch.set_num_threads(1)
+    backend = overhead_backend(backend_name, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
     cfg = load_config(args_recipe(), [])
     g = cfg.rollout.generation
     params = SamplingParams(
@@ -142,7 +174,8 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int) -> None:
     )
     encoder = PromptEncoder(tokenizer, max_prompt_tokens=512, system_prompt=None)
     prompts = [encoder.token_ids(row) for row in make_arithmetic_rows(8, seed=0)]
-    weights = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
     counter = iter(range(1, 10**9))
 
     def new_version_each_time() -> int:
@@ -173,7 +206,8 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int) -> None:
         med = statistics.median(times[mode])
         print(f"{mode:<13} {med:>7.3f} {med / base:>10.2f}x {statistics.fmean(tokens[mode]):>7.0f}")
     print(
-        f"medians of {repeats} interleaved rounds, chunks of {chunk_tokens} tokens, 1 thread; "
+        f"{backend_name}: medians of {repeats} interleaved rounds, chunks of {chunk_tokens} "
+        "tokens, 1 thread; "
         f"load average {_load(os.getloadavg())}"
     )
 
@@ -205,9 +239,12 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write every run's figures here")
     parser.add_argument("--overhead", metavar="MODEL_DIR", default=None, help="time generate only")
     parser.add_argument("--repeats", type=int, default=20, help="rounds of --overhead")
+    parser.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"], help="of --overhead"
+    )
     args = parser.parse_args()
     if args.overhead:
-        overhead(args.overhead, args.chunk_tokens, args.repeats)
+        overhead(args.overhead, args.chunk_tokens, args.repeats, args.backend)
         return
 
     variants = variant_overrides(args)

@@ -30,7 +30,7 @@ class ScriptedEngine:
 
     def add_request(self, request_id, prompt, params):
         assert params == "n=1, delta"
-        self.running[request_id] = prompt["prompt_token_ids"]
+        self.running[request_id] = prompt["rendered"]
         self.emitted[request_id] = 0
 
     def has_unfinished_requests(self):
@@ -81,10 +81,14 @@ def swapper(engine: ScriptedEngine, publish_at: dict[int, int]):
     return swap, count
 
 
+def render(rows):
+    return [{"rendered": r} for r in rows]
+
+
 def run(engine, rows, chunk, publish_at, keep=False):
     swap, count = swapper(engine, publish_at)
     inflight = InflightSwap(chunk, swap, keep_cache=keep)
-    return SteppedGeneration(engine, "n=1, delta", inflight).run(rows), count["calls"]
+    return SteppedGeneration(engine, "n=1, delta", inflight, render).run(rows), count["calls"]
 
 
 def test_each_token_carries_the_version_loaded_when_its_step_ran():
@@ -147,7 +151,7 @@ def test_an_error_in_a_swap_leaves_no_request_behind():
             raise ConnectionError("weights lost")
         return 0
 
-    gen = SteppedGeneration(engine, "n=1, delta", InflightSwap(2, swap))
+    gen = SteppedGeneration(engine, "n=1, delta", InflightSwap(2, swap), render)
     with pytest.raises(ConnectionError):
         gen.run([[1], [2], [3]])
     aborted = [c[1] for c in engine.calls if c[0] == "abort"]

@@ -31,7 +31,7 @@ an engine that schedules asynchronously is refused.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -118,11 +118,19 @@ def copy_completion(c: Completion) -> Completion:
 class SteppedGeneration:
     """One in-flight generation of already expanded rows (one request per sample)."""
 
-    def __init__(self, engine: SteppedEngine, request_params: Any, inflight: InflightSwap) -> None:
-        """``request_params``: vLLM ``SamplingParams`` with ``n=1`` and delta outputs."""
+    def __init__(
+        self,
+        engine: SteppedEngine,
+        request_params: Any,
+        inflight: InflightSwap,
+        render: Callable[[list[list[int]]], list[Any]],
+    ) -> None:
+        """``request_params``: vLLM ``SamplingParams`` with ``n=1`` and delta outputs;
+        ``render``: prompt token ids to the engine's inputs (``LLM.generate``'s rendering)."""
         self.engine = engine
         self.request_params = request_params
         self.inflight = inflight
+        self.render = render
 
     def run(self, rows: list[list[int]]) -> list[Completion]:
         """The completions of ``rows`` (prompt token ids), in order."""
@@ -132,9 +140,8 @@ class SteppedGeneration:
         traces = {rid: ResponseTrace() for rid in ids}
         swapped_while_running = False
         try:
-            for rid, prompt in zip(ids, rows):
-                prompt_ids = {"prompt_token_ids": list(prompt)}  # vLLM's TokensPrompt
-                self.engine.add_request(rid, prompt_ids, self.request_params)
+            for rid, prompt in zip(ids, self.render(rows), strict=True):
+                self.engine.add_request(rid, prompt, self.request_params)
             steps = 0
             while self.engine.has_unfinished_requests():
                 if self._step(traces, version):
@@ -197,6 +204,7 @@ def generate_inflight(
             "schedules asynchronously; build the backend with VllmSettings.inflight_updates=True "
             "(zbrl does when rollout.inflight_updates.enabled=true)"
         )
+    from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
     greedy = params.temperature == 0
@@ -204,7 +212,11 @@ def generate_inflight(
     request_params = backend._sampling_params(replace(params, n=1))
     request_params.output_kind = RequestOutputKind.DELTA
     rows = [list(p) for p in prompts for _ in range(per_prompt)]
-    done = SteppedGeneration(engine, request_params, inflight).run(rows)
+
+    def render(rows: list[list[int]]) -> list[Any]:  # as LLM.generate renders its prompts
+        return backend.llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
+
+    done = SteppedGeneration(engine, request_params, inflight, render).run(rows)
     if greedy:
         return [[copy_completion(c) for _ in range(params.n)] for c in done]
     return [done[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]
