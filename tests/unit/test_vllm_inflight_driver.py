@@ -171,17 +171,17 @@ def test_response_trace_refuses_what_vllm_should_never_return():
         trace.completion()
 
 
-def fake_backend(async_scheduling: bool, adapters=None):
+def fake_backend(async_scheduling: bool, lora_config=None):
     scheduler = SimpleNamespace(async_scheduling=async_scheduling)
-    engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=scheduler))
-    return SimpleNamespace(llm=SimpleNamespace(llm_engine=engine), adapters=adapters)
+    config = SimpleNamespace(scheduler_config=scheduler, lora_config=lora_config)
+    return SimpleNamespace(llm=SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config)))
 
 
 @pytest.mark.parametrize(
     ("backend", "error", "message"),
     [
         (fake_backend(True), RuntimeError, "VllmSettings.inflight_updates=True"),
-        (fake_backend(False, adapters=object()), ValueError, "inflight_updates.enabled=false"),
+        (fake_backend(False, lora_config=object()), ValueError, "inflight_updates.enabled=false"),
     ],
 )
 def test_engines_that_cannot_swap_between_steps_are_refused(backend, error, message):

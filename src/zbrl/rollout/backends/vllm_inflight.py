@@ -192,12 +192,13 @@ def generate_inflight(
     """``VllmBackend.generate`` with in-flight updates: ``params.n`` completions per prompt."""
     if not prompts:
         return []
-    if getattr(backend, "adapters", None) is not None:
-        raise ValueError(
-            "in-flight weight updates with LoRA adapters on vLLM: a running request keeps the "
-            "adapter id it started with; set rollout.inflight_updates.enabled=false"
-        )
     engine = backend.llm.llm_engine
+    if engine.vllm_config.lora_config is not None:
+        raise ValueError(
+            "in-flight weight updates with LoRA adapters served by vLLM: each version is a new "
+            "adapter id, which a running request does not follow; set "
+            "rollout.inflight_updates.enabled=false"
+        )
     if engine.vllm_config.scheduler_config.async_scheduling:
         raise RuntimeError(
             "in-flight weight updates on vLLM need synchronous engine steps, but this engine "
