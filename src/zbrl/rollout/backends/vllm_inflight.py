@@ -25,7 +25,8 @@ blocks cached under the old weights. The prefix cache is cleared once the batch 
 The engine must step synchronously (vLLM's asynchronous scheduling, its GPU default, queues the
 next step before the current one returns, which would run it under the old weights but tag its
 tokens with the new version): ``VllmSettings.inflight_updates`` turns it off, and a generation on
-an engine that schedules asynchronously is refused.
+an engine that schedules asynchronously is refused. So is one on an engine that serves LoRA
+adapters (each version a new adapter id, which a running request does not follow).
 """
 
 from __future__ import annotations
