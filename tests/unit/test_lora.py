@@ -247,7 +247,7 @@ def test_target_modules_not_in_the_model_are_named_with_the_ones_that_are(tiny_m
 @pytest.mark.parametrize(
     ("override", "fix"),
     [
-        ("rollout.backend=vllm model.lora.rank=1024", "rollout.backend=transformers"),
+        ("rollout.backend=vllm model.lora.rank=1024", "rollout.backend.lora_mode=merged"),
         ("training.engine=fsdp2", "training.engine=ddp"),
         ("algorithm.preset=ppo", "algorithm.advantage=grpo"),
     ],
@@ -260,6 +260,8 @@ def test_unsupported_combinations_are_refused_with_the_fix(override, fix):
 
 def test_lora_with_the_vllm_backend_is_accepted():
     assert config("rollout.backend=vllm").model.lora.rank == 4
+    merged = "rollout.backend={type: vllm, lora_mode: merged}"
+    assert config(merged, "model.lora.rank=1024").rollout.backend.lora_mode == "merged"
 
 
 def test_lora_section_defaults_target_every_linear_layer_of_a_llama_block():

@@ -2,8 +2,8 @@
 versions published through the object store are served through vLLM's LoRA support, and vLLM's
 log-probs match a transformers forward pass of the base with the same adapters merged; a new
 version replaces the old one (in the engine and on disk); a LoRA checkpoint is served as the
-evaluator and resumed producers load it. One LoRA engine for the module, one more for the
-checkpoint."""
+evaluator and resumed producers load it; ``lora_mode: merged`` computes the same. One LoRA engine
+for the module, one more for the checkpoint, one for the merged mode."""
 
 import pytest
 import torch
@@ -195,3 +195,27 @@ def test_a_lora_checkpoint_is_served_on_its_base(tiny_model_dir, tmp_path):
         assert max_logprob_error(merged(tiny_model_dir, adapters), out, 1.0) < TOLERANCE
     finally:
         backend.adapters.close()
+
+
+def test_merged_mode_reloads_the_base_with_the_adapters_merged(tiny_model_dir):
+    from zbrl.assembly.models import build_backend
+    from zbrl.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            "rollout.backend={type: vllm, lora_mode: merged}",
+            "model.lora.rank=4",
+            "model.lora.alpha=8",
+        ],
+    )
+    backend = build_backend(cfg, tiny_model_dir, tiny_model_dir)
+    assert backend.llm.llm_engine.vllm_config.lora_config is None  # vLLM's LoRA stays off
+    base = base_model(tiny_model_dir)
+    v1, v2 = random_adapters(base, seed=1), random_adapters(base, seed=2)
+    backend.load_weights(v1)
+    backend.load_weights(v2)  # merged from the unmerged base: v1 leaves no trace
+    assert backend.lora_request is None
+    out = backend.generate(PROMPTS, params())
+    assert max_logprob_error(merged(tiny_model_dir, v2), out, 1.0) < TOLERANCE
+    assert max_logprob_error(merged(tiny_model_dir, v1), out, 1.0) > 100 * TOLERANCE

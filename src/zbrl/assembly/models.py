@@ -65,11 +65,12 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
 def build_vllm_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     """The vLLM backend of :func:`build_backend`. With ``model.lora``, or a LoRA checkpoint as
     ``model_dir``, the engine loads the frozen base and serves the adapters it is sent through
-    vLLM's LoRA support (:mod:`zbrl.rollout.backends.vllm_lora`); a checkpoint's own adapters
-    are loaded first."""
+    vLLM's LoRA support, or (``rollout.backend.lora_mode=merged``) reloads the base with them
+    merged (:mod:`zbrl.rollout.backends.vllm_lora`); a checkpoint's own adapters are loaded
+    first."""
     from zbrl.models import lora
     from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
-    from zbrl.rollout.backends.vllm_lora import AdapterSpec
+    from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters, scale_of
 
     backend = cfg.rollout.backend
     settings = VllmSettings(
@@ -96,7 +97,11 @@ def build_vllm_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
             base_model=str(base_dir),
             use_rslora=False,
         )
-    vllm_backend = VllmBackend(base_dir, tokenizer_dir, settings, lora=spec)
+    lora_loader = spec
+    if spec is not None and backend.lora_mode == "merged":
+        merger = lora.AdapterMerger(load_policy(cfg, base_dir, compute_dtype(cfg)), scale_of(spec))
+        lora_loader = MergedAdapters(merger, spec)
+    vllm_backend = VllmBackend(base_dir, tokenizer_dir, settings, lora=lora_loader)
     if adapter_dir is not None:  # a LoRA checkpoint: serve its adapters
         vllm_backend.load_weights(lora.load_adapter_tensors(adapter_dir))
     return vllm_backend

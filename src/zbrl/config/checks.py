@@ -207,11 +207,16 @@ def check_lora(cfg: RunSections) -> None:
     """LoRA runs where its adapter-only weight sync and checkpoints are implemented."""
     if cfg.model.lora is None:
         return
-    if cfg.rollout.backend.type == "vllm" and cfg.model.lora.rank > VLLM_MAX_LORA_RANK:
+    backend = cfg.rollout.backend
+    if (
+        backend.type == "vllm"
+        and backend.lora_mode == "adapters"
+        and cfg.model.lora.rank > VLLM_MAX_LORA_RANK
+    ):
         raise ValueError(
             f"model.lora.rank={cfg.model.lora.rank} with rollout.backend.type=vllm: vLLM serves "
             f"LoRA adapters of rank {VLLM_MAX_LORA_RANK} at most; lower model.lora.rank, or set "
-            "rollout.backend=transformers (which merges the adapters into its base)"
+            "rollout.backend.lora_mode=merged (the adapters merged into the base)"
         )
     if cfg.training.engine.type == "fsdp2":
         raise ValueError(

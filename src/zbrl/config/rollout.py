@@ -70,6 +70,12 @@ class VllmBackend(Section):
     ``max_position_embeddings``."""
     cpu_kv_cache_gib: int = Field(default=1, ge=1)
     """KV-cache size in GiB on CPU (vLLM's ``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
+    lora_mode: Literal["adapters", "merged"] = "adapters"
+    """With ``model.lora``, how the engine takes each published adapter version (only the
+    adapters travel either way): ``adapters`` serves them through vLLM's LoRA support on the
+    untouched base; ``merged`` merges them into a copy of the base held by the producer's
+    process and reloads every weight in place (vLLM's LoRA kernels off: on CPU generation is
+    3.6-4x faster, at the cost of that copy and a full reload per version). docs/backends.md."""
 
 
 Backend = plugin_union(TransformersBackend, VllmBackend)

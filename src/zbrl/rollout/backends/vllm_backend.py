@@ -25,7 +25,12 @@ from typing import Any
 import torch
 
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm_lora import AdapterSpec, VllmAdapters, engine_args
+from zbrl.rollout.backends.vllm_lora import (
+    AdapterSpec,
+    MergedAdapters,
+    VllmAdapters,
+    engine_args,
+)
 
 INSTALL_HINT = (
     "install vLLM next to zbrl: on CPU `make setup-vllm` (a .venv-vllm with "
@@ -99,10 +104,11 @@ class VllmBackend:
         model_dir: str | Path,
         tokenizer_dir: str | Path,
         s: VllmSettings,
-        lora: AdapterSpec | None = None,
+        lora: AdapterSpec | MergedAdapters | None = None,
     ) -> None:
-        """``lora``: serve LoRA adapters on the base ``model_dir`` (``model.lora``): what
-        :meth:`load_weights` then receives are adapters (:mod:`.vllm_lora`)."""
+        """``lora`` (``model.lora``; :mod:`.vllm_lora`): what :meth:`load_weights` receives
+        are adapters for the base ``model_dir``, served through vLLM's LoRA support (an
+        :class:`AdapterSpec`) or merged in this process (:class:`MergedAdapters`)."""
         if not vllm_available():
             raise ImportError(
                 f"rollout.backend.type=vllm but vLLM is not installed: {INSTALL_HINT}"
@@ -129,7 +135,7 @@ class VllmBackend:
             kwargs["max_model_len"] = s.max_model_len
         if s.inflight_updates:
             kwargs["async_scheduling"] = False
-        if lora is not None:
+        if isinstance(lora, AdapterSpec):
             kwargs.update(engine_args(lora))
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
@@ -138,7 +144,7 @@ class VllmBackend:
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.adapters = VllmAdapters(self.llm, lora) if lora is not None else None
+        self.adapters = VllmAdapters(self.llm, lora) if isinstance(lora, AdapterSpec) else lora
 
     def generate(
         self,
@@ -171,11 +177,14 @@ class VllmBackend:
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Swap the weights into the running engine (names as in the trainer's ``state_dict``);
         cached prompt KV computed with the old weights is dropped. With LoRA the tensors are
-        the adapters (peft's names), served from then on through vLLM's LoRA support."""
+        the adapters (peft's names), served from then on through vLLM's LoRA support, or merged
+        into the base and reloaded as full weights (:mod:`.vllm_lora`)."""
         if self.adapters is not None:
-            self.adapters.load(named_tensors)
-            self.llm.reset_prefix_cache()
-            return
+            merged = self.adapters.load(named_tensors)
+            if merged is None:  # served through vLLM's LoRA support
+                self.llm.reset_prefix_cache()
+                return
+            named_tensors = merged
         weights = dict(named_tensors)
         embedding = weights.get(TIED_EMBEDDING)
         if self.tied_embeddings and embedding is not None and TIED_HEAD not in weights:

@@ -1,14 +1,21 @@
 """LoRA adapters on the vLLM backend (``model.lora`` with ``rollout.backend.type=vllm``).
 
-The engine loads the frozen base and starts with vLLM's LoRA support on (:func:`engine_args`).
-Every published version (the adapter tensors only, by peft's names
-``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``) is written as a peft adapter
-directory (``adapter_config.json`` + ``adapter_model.safetensors``, :func:`write_adapter_dir`),
-loaded into the engine under a new LoRA id and used for every generation after it
-(:class:`VllmAdapters`). A new id per version is what makes vLLM read the new tensors: it caches
-adapters by id. The previous version is then removed from the engine and its directory deleted,
-so one version is held at a time. Before the first version arrives the engine serves the base,
-which is what adapters at their initial value (``B = 0``) compute.
+Only the adapter tensors travel (by peft's names ``base_model.model.<module>.lora_A.weight`` /
+``lora_B.weight``); the engine takes them one of two ways (``rollout.backend.lora_mode``):
+
+- ``adapters`` (:class:`VllmAdapters`): the engine loads the frozen base and starts with vLLM's
+  LoRA support on (:func:`engine_args`). Every version is written as a peft adapter directory
+  (``adapter_config.json`` + ``adapter_model.safetensors``, :func:`write_adapter_dir`), loaded
+  into the engine under a new LoRA id and used for every generation after it. A new id per
+  version is what makes vLLM read the new tensors: it caches adapters by id. The previous
+  version is then removed from the engine and its directory deleted, so one version is held at a
+  time. Before the first version arrives the engine serves the base, which is what adapters at
+  their initial value (``B = 0``) compute.
+- ``merged`` (:class:`MergedAdapters`): vLLM's LoRA support stays off. A transformers copy of the
+  base in this process takes each version merged into it (:class:`zbrl.models.lora.
+  AdapterMerger`, always from the unmerged base), and the engine reloads all its weights from
+  that copy in place, as for a full-weight version (vLLM's in-place reload needs every weight:
+  given only the adapted ones, it computes NaN).
 
 Nothing here imports vLLM at module level: the directory writer is tested without it.
 """
@@ -16,6 +23,7 @@ Nothing here imports vLLM at module level: the directory writer is tested withou
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 import weakref
@@ -63,6 +71,11 @@ class AdapterSpec:
             base_model=base_model,
             use_rslora=bool(config.get("use_rslora", False)),
         )
+
+
+def scale_of(spec: AdapterSpec) -> float:
+    """The adapters' scale: ``alpha / rank``, or ``alpha / sqrt(rank)`` with rsLoRA."""
+    return spec.alpha / (math.sqrt(spec.rank) if spec.use_rslora else spec.rank)
 
 
 def engine_rank(rank: int) -> int:
@@ -166,10 +179,10 @@ class VllmAdapters:
         self._next_id = 1
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
 
-    def load(self, named_tensors: Mapping[str, torch.Tensor]) -> Any:
+    def load(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Write the adapters, load them into the engine under a new id (errors surface here,
         not in the next generation) and make them :attr:`request`; the previous version leaves
-        the engine and the disk. Returns the new request."""
+        the engine and the disk. Returns None: nothing for the engine to reload."""
         from vllm.lora.request import LoRARequest
 
         lora_id, self._next_id = self._next_id, self._next_id + 1
@@ -184,8 +197,30 @@ class VllmAdapters:
             if old.lora_int_id in engine.list_loras():  # max_cpu_loras=1 evicted it already
                 engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
-        return request
 
     def close(self) -> None:
         """Delete the adapter directories now."""
         self._cleanup()
+
+
+class MergedAdapters:
+    """``lora_mode: merged``: each version merged into ``merger``'s model (the base, in the
+    engine's dtype, on CPU), whose full weights the engine then reloads. :attr:`request` is
+    always None (the engine serves plain weights)."""
+
+    request = None
+
+    def __init__(self, merger: Any, spec: AdapterSpec) -> None:
+        """``merger``: a :class:`zbrl.models.lora.AdapterMerger` over the base model."""
+        self.merger = merger
+        self.spec = spec
+
+    def load(self, named_tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The full weights of the base with the adapters merged (names as in the model's
+        ``state_dict``), for the engine's in-place reload."""
+        check_adapter_tensors(named_tensors, self.spec)
+        self.merger.apply(named_tensors)
+        return self.merger.model.state_dict()
+
+    def close(self) -> None:
+        """Nothing to delete (kept for symmetry with :class:`VllmAdapters`)."""
