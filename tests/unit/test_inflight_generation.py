@@ -201,7 +201,7 @@ def test_greedy_copies_carry_their_versions(backend):
 @pytest.mark.parametrize(
     ("overrides", "fix"),
     [
-        (["rollout.backend=vllm", "model.lora.rank=4"], "rollout.backend=transformers"),
+        (["rollout.backend=vllm", "model.lora.rank=4"], "rollout.backend.lora_mode=merged"),
         (["environment=tools"], "rollout.inflight_updates.enabled=false"),
     ],
 )
@@ -211,6 +211,8 @@ def test_inflight_updates_are_refused_where_they_do_not_apply(overrides, fix):
     assert not load_config(None, []).rollout.inflight_updates.enabled  # off by default
     load_config(None, ["rollout.inflight_updates.enabled=true"])
     load_config(None, ["rollout.inflight_updates.enabled=true", "rollout.backend=vllm"])
+    merged = ["rollout.backend={type: vllm, lora_mode: merged}", "model.lora.rank=4"]
+    load_config(None, ["rollout.inflight_updates.enabled=true", *merged])
     with pytest.raises(ConfigError, match=r"rollout\.inflight_updates\.enabled=true") as info:
         load_config(None, ["rollout.inflight_updates.enabled=true", *overrides])
     assert fix in str(info.value)

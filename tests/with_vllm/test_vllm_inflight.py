@@ -222,3 +222,67 @@ def test_stop_strings_end_responses_across_a_swap(engine, old_model, new_model, 
             assert c.finish_reason == "stop"
             assert len(c.text) == first, (c.text, first)
     assert hits >= 1
+
+
+def test_merged_lora_versions_swap_between_engine_steps(tiny_model_dir, old_model):
+    """``lora_mode: merged`` reloads full weights in place, so its adapter versions swap between
+    engine steps like any weights (vLLM's own LoRA serving, one adapter id per version, cannot:
+    the config refuses it)."""
+    from zbrl.assembly.models import build_backend
+    from zbrl.config import load_config
+    from zbrl.config.model import LLAMA_LINEAR_LAYERS
+    from zbrl.models.lora import AdapterMerger
+
+    cfg = load_config(
+        None,
+        [
+            "rollout.backend={type: vllm, lora_mode: merged}",
+            "model.lora.rank=4",
+            "model.lora.alpha=8",
+            "rollout.inflight_updates.enabled=true",
+        ],
+    )
+    backend = build_backend(cfg, tiny_model_dir, tiny_model_dir)
+    gen = torch.Generator().manual_seed(5)
+    versions = []
+    for _ in range(2):
+        adapters = {}
+        for name, module in old_model.named_modules():
+            if (
+                isinstance(module, torch.nn.Linear)
+                and name.rsplit(".", 1)[-1] in LLAMA_LINEAR_LAYERS
+            ):
+                stem = f"base_model.model.{name}"
+                adapters[f"{stem}.lora_A.weight"] = torch.randn(
+                    4, module.in_features, generator=gen
+                )
+                adapters[f"{stem}.lora_B.weight"] = torch.randn(
+                    module.out_features, 4, generator=gen
+                )
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        AdapterMerger(model, 8 / 4).apply({k: 0.1 * v for k, v in adapters.items()})
+        versions.append(({k: 0.1 * v for k, v in adapters.items()}, model))
+    calls = []
+
+    def swap():
+        calls.append(None)
+        if len(calls) <= 2:  # version 1 before the start, version 2 after the first chunk
+            backend.load_weights(versions[len(calls) - 1][0])
+        return min(len(calls), 2)
+
+    p = params(n=4, temperature=1.0, max_new_tokens=24)
+    out = flat(backend.generate(PROMPTS, p, inflight=InflightSwap(CHUNK, swap)))
+    assert any(c.versions.unique().numel() == 2 for c in out)
+    stale = 0.0  # version 2's tokens against version 1's weights: the swap changed something
+    for i, c in enumerate(out):
+        first = c.versions == 1
+        if (~first).any():
+            ref = reference_logprobs(versions[0][1], prompt_of(i, 4), c.token_ids, 1.0)
+            stale = max(stale, float((c.logprobs - ref)[~first].abs().max()))
+        assert first.tolist() == [j < CHUNK for j in range(c.token_ids.numel())]
+        for version, (_, model) in zip((1, 2), versions):
+            mine = c.versions == version
+            if mine.any():
+                ref = reference_logprobs(model, prompt_of(i, 4), c.token_ids, 1.0)
+                assert float((c.logprobs - ref)[mine].abs().max()) < TOLERANCE
+    assert stale > 100 * TOLERANCE

@@ -295,12 +295,15 @@ def check_correction(cfg: RunSections) -> None:
 def check_inflight_updates(cfg: RunSections) -> None:
     if not cfg.rollout.inflight_updates.enabled:
         return
-    if cfg.rollout.backend.type == "vllm" and cfg.model.lora is not None:
+    backend = cfg.rollout.backend
+    if backend.type == "vllm" and cfg.model.lora is not None and backend.lora_mode == "adapters":
         raise ValueError(
-            "rollout.inflight_updates.enabled=true with model.lora on rollout.backend.type=vllm: "
-            "vLLM serves each LoRA version under its own adapter id, which a running request "
-            "keeps, so the vLLM backend swaps adapters only between generation batches; set "
-            "rollout.inflight_updates.enabled=false, or rollout.backend=transformers"
+            "rollout.inflight_updates.enabled=true with model.lora on rollout.backend.type=vllm "
+            "and rollout.backend.lora_mode=adapters: vLLM serves each LoRA version under its own "
+            "adapter id, which a running request keeps, so adapters are swapped only between "
+            "generation batches; set rollout.backend.lora_mode=merged (the adapters merged into "
+            "the base, reloaded in place between engine steps), or "
+            "rollout.inflight_updates.enabled=false"
         )
     if cfg.environment is not None:
         raise ValueError(

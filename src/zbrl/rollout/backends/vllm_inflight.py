@@ -198,7 +198,7 @@ def generate_inflight(
         raise ValueError(
             "in-flight weight updates with LoRA adapters served by vLLM: each version is a new "
             "adapter id, which a running request does not follow; set "
-            "rollout.inflight_updates.enabled=false"
+            "rollout.backend.lora_mode=merged, or rollout.inflight_updates.enabled=false"
         )
     if engine.vllm_config.scheduler_config.async_scheduling:
         raise RuntimeError(
