@@ -10,7 +10,8 @@ one (median of ``--loads``), and generation tokens/s with a version loaded (``--
 × ``--samples`` completions × up to ``--tokens`` tokens, temperature 1, median of
 ``--repeats``).
 Random weights and adapters (``B`` nonzero, so the adapters are really computed). Needs vLLM
-(``.venv-vllm/bin/python bench/vllm_lora.py``). Read the ratios: the machine may be shared.
+(``.venv-vllm/bin/python bench/vllm_lora.py``; on a GPU the same script with the ``vllm``
+extra, unverified there). Read the ratios: the machine may be shared.
 
 Models: ``embedded`` (hidden 128, 2 layers) and ``embedded-34m`` (hidden 512, 8 layers).
 """
@@ -42,10 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--loads", type=int, default=5)
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.25, help="per engine (3 engines) on GPU"
+    )
     return p.parse_args(argv)
 
 
-def engine(model_dir: Path, lora):
+def engine(model_dir: Path, lora, gpu_memory_utilization: float):
     from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
 
     settings = VllmSettings(
@@ -53,7 +57,7 @@ def engine(model_dir: Path, lora):
         seed=0,
         max_model_len=256,
         enforce_eager=True,
-        gpu_memory_utilization=0.5,
+        gpu_memory_utilization=gpu_memory_utilization,
         tensor_parallel_size=1,
         cpu_kv_cache_gib=1,
         trust_remote_code=False,
@@ -107,9 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         merged = MergedAdapters(AdapterMerger(base, spec.alpha / spec.rank), spec)
         engines = {
-            "full": engine(model_dir, None),
-            "adapters": engine(model_dir, spec),
-            "merged": engine(model_dir, merged),
+            "full": engine(model_dir, None, args.gpu_memory_utilization),
+            "adapters": engine(model_dir, spec, args.gpu_memory_utilization),
+            "merged": engine(model_dir, merged, args.gpu_memory_utilization),
         }
         gen = torch.Generator().manual_seed(1)
         prompts = [

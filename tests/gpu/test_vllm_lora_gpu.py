@@ -1,0 +1,98 @@
+"""LoRA on the vLLM backend on a CUDA GPU (the ``vllm`` extra), embedded model: both
+``lora_mode`` values give the log-probs of a transformers forward pass on the same GPU with the
+adapters merged, and a second version replaces the first. Skipped without CUDA or vLLM.
+UNVERIFIED: written without a GPU (docs/backends.md). vLLM's GPU LoRA kernels (Triton) may
+compute in TF32, hence the looser tolerance for ``adapters``."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from zbrl.config.model import LLAMA_LINEAR_LAYERS
+from zbrl.models.lora import AdapterMerger
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
+
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
+RANK, ALPHA = 4, 8.0
+TOLERANCE = {"adapters": 1e-3, "merged": 1e-4}
+
+
+def base_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def random_adapters(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LLAMA_LINEAR_LAYERS:
+            stem = f"base_model.model.{name}"
+            a = torch.randn(RANK, module.in_features, generator=gen) * 0.3
+            tensors[f"{stem}.lora_A.weight"] = a
+            tensors[f"{stem}.lora_B.weight"] = torch.randn(module.out_features, RANK, generator=gen)
+    return tensors
+
+
+def merged(model_dir, adapters):
+    model = base_model(model_dir)
+    AdapterMerger(model, ALPHA / RANK).apply(adapters)
+    return model.cuda()
+
+
+@pytest.fixture(scope="module", params=["adapters", "merged"])
+def engine(request, tiny_model_dir):
+    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+
+    spec = AdapterSpec(RANK, ALPHA, LLAMA_LINEAR_LAYERS, str(tiny_model_dir), False)
+    lora = spec
+    if request.param == "merged":
+        lora = MergedAdapters(AdapterMerger(base_model(tiny_model_dir), ALPHA / RANK), spec)
+    settings = VllmSettings(
+        dtype="float32",
+        seed=0,
+        max_model_len=128,
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        tensor_parallel_size=1,
+        cpu_kv_cache_gib=1,
+        trust_remote_code=False,
+        inflight_updates=False,
+    )
+    backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings, lora=lora)
+    yield request.param, backend
+    backend.adapters.close()
+    del backend
+    torch.cuda.empty_cache()
+
+
+def max_error(model, out):
+    worst = 0.0
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            ids = torch.tensor([list(prompt) + c.token_ids.tolist()], device="cuda")
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0].float()
+            p = len(prompt)
+            steps = logits[p - 1 : p - 1 + c.token_ids.numel()]
+            ref = torch.log_softmax(steps, -1).gather(1, c.token_ids.cuda().view(-1, 1))[:, 0]
+            worst = max(worst, float((c.logprobs.cuda() - ref).abs().max()))
+    return worst
+
+
+def test_versions_match_the_merged_model_on_gpu(engine, tiny_model_dir):
+    mode, backend = engine
+    base = base_model(tiny_model_dir)
+    v1, v2 = random_adapters(base, seed=1), random_adapters(base, seed=2)
+    params = SamplingParams(
+        n=4, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=16, stop_strings=()
+    )
+    backend.load_weights(v1)
+    out = backend.generate(PROMPTS, params)
+    assert max_error(merged(tiny_model_dir, v1), out) < TOLERANCE[mode]
+    backend.load_weights(v2)
+    out = backend.generate(PROMPTS, params)
+    assert max_error(merged(tiny_model_dir, v2), out) < TOLERANCE[mode]
+    assert max_error(merged(tiny_model_dir, v1), out) > 0.01
