@@ -48,3 +48,24 @@ def test_lora_demo_with_vllm_learns_and_sends_adapters_only(tmp_path):
     assert max(m["mismatch_abs_logp"] for m in steps) < 0.01
     checkpoint = tmp_path / "run" / "checkpoints" / "step-150"
     assert (checkpoint / "adapter_model.safetensors").is_file()
+
+
+def test_a_lora_run_on_vllm_resumes_from_its_adapters(tmp_path, run_cache):
+    """``zbrl resume`` of a LoRA run on vLLM: the producer's engine starts on the base the
+    checkpoint names and serves the checkpoint's adapters, then the run goes on (merged mode,
+    which takes the same path through build_vllm_backend)."""
+    from zbrl.testing.cli_process import finish, start, tiny_run
+
+    run_dir = tmp_path / "run"
+    args = [
+        *tiny_run(run_dir, run_cache, 3, 1),
+        "logging.save_interval=3",
+        "rollout.backend={type: vllm, lora_mode: merged}",
+    ]
+    code, err = finish(*start(tmp_path, "lora", "train", str(RECIPE), *args))
+    assert code == 0, err[-3000:]
+    code, err = finish(*start(tmp_path, "resume", "resume", str(run_dir), "training.max_steps=5"))
+    assert code == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["weight_sync_bytes_per_version"] == ADAPTER_BYTES
+    assert (run_dir / "checkpoints" / "step-5" / "adapter_config.json").is_file()
