@@ -139,7 +139,6 @@ def main(argv: list[str] | None = None) -> None:
                 out = backend.generate(prompts, params)
                 dt = time.perf_counter() - t0
                 rates[mode].append(sum(c.token_ids.numel() for g in out for c in g) / dt)
-        engines["adapters"].adapters.close()
     print(
         f"{args.model}, LoRA rank {args.rank} on every linear layer; {args.prompts} prompts x "
         f"{args.samples} samples x <= {args.tokens} tokens, T=1, {args.threads} thread(s), "

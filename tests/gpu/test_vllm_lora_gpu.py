@@ -63,7 +63,6 @@ def engine(request, tiny_model_dir):
     )
     backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings, lora=lora)
     yield request.param, backend
-    backend.adapters.close()
     del backend
     torch.cuda.empty_cache()
 

@@ -6,11 +6,11 @@ Only the adapter tensors travel (by peft's names ``base_model.model.<module>.lor
 - ``adapters`` (:class:`VllmAdapters`): the engine loads the frozen base and starts with vLLM's
   LoRA support on (:func:`engine_args`). Every version is written as a peft adapter directory
   (``adapter_config.json`` + ``adapter_model.safetensors``, :func:`write_adapter_dir`), loaded
-  into the engine under a new LoRA id and used for every generation after it. A new id per
-  version is what makes vLLM read the new tensors: it caches adapters by id. The previous
-  version is then removed from the engine and its directory deleted, so one version is held at a
-  time. Before the first version arrives the engine serves the base, which is what adapters at
-  their initial value (``B = 0``) compute.
+  into the engine under a new LoRA id and used for every generation after it; the directory is
+  deleted once vLLM has read it. A new id per version is what makes vLLM read the new tensors:
+  it caches adapters by id. The previous version is then removed from the engine, so one version
+  is held at a time. Before the first version arrives the engine serves the base, which is what
+  adapters at their initial value (``B = 0``) compute.
 - ``merged`` (:class:`MergedAdapters`): vLLM's LoRA support stays off. A transformers copy of the
   base in this process takes each version merged into it (:class:`zbrl.models.lora.
   AdapterMerger`, always from the unmerged base), and the engine reloads all its weights from
@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import tempfile
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,39 +166,36 @@ def write_adapter_dir(
 class VllmAdapters:
     """The adapter versions of one running engine (``llm``: a ``vllm.LLM`` started with
     :func:`engine_args`). :attr:`request` is the ``LoRARequest`` to generate with (None: the base,
-    before any version). Directories go under ``root`` (default: a new temporary directory,
-    deleted with this object)."""
+    before any version)."""
 
-    def __init__(self, llm: Any, spec: AdapterSpec, root: str | Path | None = None) -> None:
+    def __init__(self, llm: Any, spec: AdapterSpec) -> None:
         self.llm = llm
         self.spec = spec
-        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="zbrl-lora-"))
         self.request: Any = None
         self._next_id = 1
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
 
     def load(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
-        """Write the adapters, load them into the engine under a new id (errors surface here,
-        not in the next generation) and make them :attr:`request`; the previous version leaves
-        the engine and the disk. Returns None: nothing for the engine to reload."""
+        """Write the adapters to a temporary directory, load them into the engine under a new
+        id (errors surface here, not in the next generation), delete the directory and make them
+        :attr:`request`; the previous version leaves the engine. Returns None: nothing for the
+        engine to reload.
+
+        The directory goes as soon as vLLM has read it: the engine keeps the tensors in its LoRA
+        cache (``max_cpu_loras=1``, the current version) and reads the path again only for an
+        id it does not hold, so nothing is left on disk, even when the process is killed (Ray
+        kills actors with SIGKILL: no clean-up would run)."""
         from vllm.lora.request import LoRARequest
 
         lora_id, self._next_id = self._next_id, self._next_id + 1
-        path = write_adapter_dir(self.root / f"v{lora_id}", named_tensors, self.spec)
-        request = LoRARequest(f"zbrl-adapter-{lora_id}", lora_id, str(path))
         engine = self.llm.llm_engine
-        if not engine.add_lora(request):
-            shutil.rmtree(path, ignore_errors=True)
-            raise RuntimeError(f"vLLM did not load the LoRA adapter written to {path}")
+        with tempfile.TemporaryDirectory(prefix="zbrl-lora-") as tmp:
+            path = write_adapter_dir(Path(tmp) / f"v{lora_id}", named_tensors, self.spec)
+            request = LoRARequest(f"zbrl-adapter-{lora_id}", lora_id, str(path))
+            if not engine.add_lora(request):
+                raise RuntimeError(f"vLLM did not load the LoRA adapter written to {path}")
         old, self.request = self.request, request
-        if old is not None:
-            if old.lora_int_id in engine.list_loras():  # max_cpu_loras=1 evicted it already
-                engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(old.lora_path, ignore_errors=True)
-
-    def close(self) -> None:
-        """Delete the adapter directories now."""
-        self._cleanup()
+        if old is not None and old.lora_int_id in engine.list_loras():
+            engine.remove_lora(old.lora_int_id)  # (max_cpu_loras=1 has usually evicted it)
 
 
 class MergedAdapters:
@@ -221,6 +216,3 @@ class MergedAdapters:
         check_adapter_tensors(named_tensors, self.spec)
         self.merger.apply(named_tensors)
         return self.merger.model.state_dict()
-
-    def close(self) -> None:
-        """Nothing to delete (kept for symmetry with :class:`VllmAdapters`)."""
