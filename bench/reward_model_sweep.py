@@ -31,6 +31,9 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="+", default=["likelihood", "pairwise", "tokenwise"])
     parser.add_argument("--lr", type=float, default=None, help="default: 5e-4 (1e-3 tokenwise)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--backbone-sft-steps", type=int, default=None, help="default: ensure_reward_model's"
+    )
     parser.add_argument("--cache", default=".cache/zbrl")
     parser.add_argument("--rl-steps", type=int, default=0, help="0: no RL runs")
     parser.add_argument("--out", default="/tmp/zbrl-rm-sweep")
@@ -50,8 +53,11 @@ def main() -> None:
                     args.lr if args.lr is not None else (1e-3 if objective == "tokenwise" else 5e-4)
                 )
                 started = time.perf_counter()
+                more = {}
+                if args.backbone_sft_steps is not None:
+                    more["backbone_sft_steps"] = args.backbone_sft_steps
                 built = ensure_reward_model(
-                    args.cache, policy, seed=seed, objective=objective, steps=steps, lr=lr
+                    args.cache, policy, seed=seed, objective=objective, steps=steps, lr=lr, **more
                 )
                 summary = read_reward_model_summary(built)
                 took = round(time.perf_counter() - started, 1)
@@ -64,7 +70,7 @@ def main() -> None:
 
 
 def rl_run(args: argparse.Namespace, rm_dir: Path, objective: str, steps: int, seed: int) -> dict:
-    run_dir = Path(args.out) / f"rl-{objective}-{steps}-s{seed}"
+    run_dir = Path(args.out) / f"rl-{objective}-{steps}-b{args.backbone_sft_steps}-s{seed}"
     overrides = [
         f"seed={seed}", f"logging.cache_dir={args.cache}", f"logging.run_dir={run_dir}",
         f"reward.path={rm_dir}", f"training.max_steps={args.rl_steps}", "logging.progress=false",
