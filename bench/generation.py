@@ -56,19 +56,10 @@ def build_backend(model_dir: str, backend: str):
     import torch
 
     if backend == "vllm":
-        from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+        from zbrl.rollout.backends.vllm_backend import VllmBackend
+        from zbrl.testing.backends import vllm_settings
 
-        settings = VllmSettings(
-            dtype="float32",
-            seed=0,
-            max_model_len=256,
-            enforce_eager=True,
-            gpu_memory_utilization=0.5,
-            tensor_parallel_size=1,
-            cpu_kv_cache_gib=1,
-            trust_remote_code=False,
-            inflight_updates=False,
-        )
+        settings = vllm_settings(max_model_len=256)
         return VllmBackend(model_dir, model_dir, settings)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

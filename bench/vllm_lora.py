@@ -50,19 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine(model_dir: Path, lora, gpu_memory_utilization: float):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.testing.backends import vllm_settings
 
-    settings = VllmSettings(
-        dtype="float32",
-        seed=0,
-        max_model_len=256,
-        enforce_eager=True,
-        gpu_memory_utilization=gpu_memory_utilization,
-        tensor_parallel_size=1,
-        cpu_kv_cache_gib=1,
-        trust_remote_code=False,
-        inflight_updates=False,
-    )
+    settings = vllm_settings(max_model_len=256, gpu_memory_utilization=gpu_memory_utilization)
     return VllmBackend(model_dir, model_dir, settings, lora=lora)
 
 

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+from zbrl.testing.backends import vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -19,19 +20,9 @@ CHUNK = 4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm_backend import VllmBackend
 
-    settings = VllmSettings(
-        dtype="float32",
-        seed=0,
-        max_model_len=128,
-        enforce_eager=True,
-        gpu_memory_utilization=0.3,
-        tensor_parallel_size=1,
-        cpu_kv_cache_gib=1,
-        trust_remote_code=False,
-        inflight_updates=True,
-    )
+    settings = vllm_settings(gpu_memory_utilization=0.3, inflight_updates=True)
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
 
 

@@ -12,6 +12,7 @@ from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
+from zbrl.testing.backends import vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -44,23 +45,13 @@ def merged(model_dir, adapters):
 
 @pytest.fixture(scope="module", params=["adapters", "merged"])
 def engine(request, tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm_backend import VllmBackend
 
     spec = AdapterSpec(RANK, ALPHA, LLAMA_LINEAR_LAYERS, str(tiny_model_dir), False)
     lora = spec
     if request.param == "merged":
         lora = MergedAdapters(AdapterMerger(base_model(tiny_model_dir), ALPHA / RANK), spec)
-    settings = VllmSettings(
-        dtype="float32",
-        seed=0,
-        max_model_len=128,
-        enforce_eager=True,
-        gpu_memory_utilization=0.3,
-        tensor_parallel_size=1,
-        cpu_kv_cache_gib=1,
-        trust_remote_code=False,
-        inflight_updates=False,
-    )
+    settings = vllm_settings(gpu_memory_utilization=0.3)
     backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings, lora=lora)
     yield request.param, backend
     del backend

@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zbrl.rollout.backends.base import SamplingParams
 from zbrl.telemetry.spans import LOAD_WEIGHTS, SpanRecorder
+from zbrl.testing.backends import sampling as params
+from zbrl.testing.backends import vllm_settings
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import (
@@ -25,32 +26,11 @@ PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
 TOLERANCE = 1e-4
 
 
-def params(n=4, temperature=1.0, max_new_tokens=12, stop=()):
-    return SamplingParams(
-        n=n,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=max_new_tokens,
-        stop_strings=tuple(stop),
-    )
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm_backend import VllmBackend
 
-    settings = VllmSettings(
-        dtype="float32",
-        seed=0,
-        max_model_len=128,
-        enforce_eager=True,
-        gpu_memory_utilization=0.5,
-        tensor_parallel_size=1,
-        cpu_kv_cache_gib=1,
-        trust_remote_code=False,
-        inflight_updates=False,
-    )
+    settings = vllm_settings()
     backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings)
     yield backend
     # the module's last test may have swapped weights: later modules get a fresh engine anyway

@@ -9,7 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+from zbrl.rollout.backends.base import InflightSwap
+from zbrl.testing.backends import sampling as params
+from zbrl.testing.backends import vllm_settings
 
 pytestmark = pytest.mark.vllm
 
@@ -21,32 +23,11 @@ TOLERANCE = 1e-4
 CHUNK = 4
 
 
-def params(n=4, temperature=1.0, max_new_tokens=12, stop=()):
-    return SamplingParams(
-        n=n,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=max_new_tokens,
-        stop_strings=tuple(stop),
-    )
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm_backend import VllmBackend
 
-    settings = VllmSettings(
-        dtype="float32",
-        seed=0,
-        max_model_len=512,
-        enforce_eager=True,
-        gpu_memory_utilization=0.5,
-        tensor_parallel_size=1,
-        cpu_kv_cache_gib=1,
-        trust_remote_code=False,
-        inflight_updates=True,
-    )
+    settings = vllm_settings(max_model_len=512, inflight_updates=True)
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
 
 

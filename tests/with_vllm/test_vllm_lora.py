@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM
 
 from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
-from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
 from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.testing.backends import sampling, vllm_settings
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver
@@ -31,30 +31,12 @@ ADAPTER_BYTES = 2 * (4 * 2 * RANK * 128 + 3 * RANK * (128 + 512)) * 4
 
 
 def params(n=4, temperature=1.0, max_new_tokens=16):
-    return SamplingParams(
-        n=n,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=max_new_tokens,
-        stop_strings=(),
-    )
+    return sampling(n, temperature, max_new_tokens)
 
 
 def settings():
-    from zbrl.rollout.backends.vllm_backend import VllmSettings
 
-    return VllmSettings(
-        dtype="float32",
-        seed=0,
-        max_model_len=128,
-        enforce_eager=True,
-        gpu_memory_utilization=0.5,
-        tensor_parallel_size=1,
-        cpu_kv_cache_gib=1,
-        trust_remote_code=False,
-        inflight_updates=False,
-    )
+    return vllm_settings()
 
 
 def spec(base):
