@@ -12,7 +12,7 @@ from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
-from zbrl.testing.backends import vllm_settings
+from zbrl.testing.backends import random_lora_adapters, vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -26,15 +26,7 @@ def base_model(model_dir):
 
 
 def random_adapters(model, seed):
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LLAMA_LINEAR_LAYERS:
-            stem = f"base_model.model.{name}"
-            a = torch.randn(RANK, module.in_features, generator=gen) * 0.3
-            tensors[f"{stem}.lora_A.weight"] = a
-            tensors[f"{stem}.lora_B.weight"] = torch.randn(module.out_features, RANK, generator=gen)
-    return tensors
+    return random_lora_adapters(model, RANK, seed, LLAMA_LINEAR_LAYERS)
 
 
 def merged(model_dir, adapters):

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.rollout.backends.base import InflightSwap
 from zbrl.rollout.backends.transformers_backend import TransformersBackend
+from zbrl.testing.backends import reference_logprobs as forward_logprobs
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
 
@@ -106,15 +107,6 @@ def test_a_stop_string_inside_a_token_ends_the_chunked_response_where_generate_e
     for c in ended_inside:  # ...and the response ends on that token, no padding after it
         assert c.token_ids.tolist().index(closing) == c.token_ids.numel() - 1
         assert c.finish_reason == "stop"
-
-
-def forward_logprobs(model, prompt, response, temperature):
-    ids = torch.tensor([list(prompt) + response.tolist()])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    p = len(prompt)
-    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
-    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
 
 
 def test_a_swap_mid_generation_gives_two_versions_each_with_its_own_logprobs(backend):

@@ -7,6 +7,7 @@ from role_settings import sampling_params
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.rollout.backends.transformers_backend import TransformersBackend
+from zbrl.testing.backends import reference_logprobs
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
 
@@ -19,16 +20,6 @@ def tokenizer(tiny_model_dir):
 @pytest.fixture
 def backend(tiny_model_dir, tokenizer):
     return TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
-
-
-def reference_logprobs(model, prompt, response, temperature):
-    """log_softmax(logits / T) of a single unpadded forward pass over prompt + response."""
-    ids = torch.tensor([list(prompt) + response.tolist()])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    p = len(prompt)
-    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
-    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
 
 
 def greedy(n=1, max_new_tokens=6, **kw):

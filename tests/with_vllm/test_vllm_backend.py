@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, SpanRecorder
+from zbrl.testing.backends import reference_logprobs, vllm_settings
 from zbrl.testing.backends import sampling as params
-from zbrl.testing.backends import vllm_settings
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import (
@@ -39,16 +39,6 @@ def engine(tiny_model_dir):
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-def reference_logprobs(model, prompt, response, temperature):
-    """log_softmax(logits / T) of the sampled tokens from one transformers forward pass."""
-    ids = torch.tensor([list(prompt) + response.tolist()])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    p = len(prompt)
-    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
-    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
 
 
 def max_logprob_error(model, prompts, out, temperature):

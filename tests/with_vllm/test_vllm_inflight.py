@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.rollout.backends.base import InflightSwap
+from zbrl.testing.backends import reference_logprobs, vllm_settings
 from zbrl.testing.backends import sampling as params
-from zbrl.testing.backends import vllm_settings
 
 pytestmark = pytest.mark.vllm
 
@@ -53,16 +53,6 @@ def weights_of(model):
 
 def fixed(version):
     return InflightSwap(CHUNK, lambda: version)
-
-
-def reference_logprobs(model, prompt, response, temperature):
-    """log_softmax(logits / T) of every response token from one transformers forward pass."""
-    ids = torch.tensor([list(prompt) + response.tolist()])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    p = len(prompt)
-    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
-    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
 
 
 def flat(groups):

@@ -15,7 +15,7 @@ from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
 from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
-from zbrl.testing.backends import sampling, vllm_settings
+from zbrl.testing.backends import random_lora_adapters, reference_logprobs, sampling, vllm_settings
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver
@@ -62,31 +62,13 @@ def base_model(tiny_model_dir):
 
 
 def random_adapters(model, seed):
-    """A and B of every target layer, both nonzero (B = 0, peft's start, changes nothing)."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LLAMA_LINEAR_LAYERS:
-            stem = f"base_model.model.{name}"
-            a = torch.randn(RANK, module.in_features, generator=gen) * 0.3
-            tensors[f"{stem}.lora_A.weight"] = a
-            tensors[f"{stem}.lora_B.weight"] = torch.randn(module.out_features, RANK, generator=gen)
-    return tensors
+    return random_lora_adapters(model, RANK, seed, LLAMA_LINEAR_LAYERS)
 
 
 def merged(tiny_model_dir, adapters):
     model = base_model(tiny_model_dir)
     AdapterMerger(model, ALPHA / RANK).apply(adapters)
     return model
-
-
-def reference_logprobs(model, prompt, response, temperature):
-    ids = torch.tensor([list(prompt) + response.tolist()])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    p = len(prompt)
-    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
-    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1)).squeeze(1)
 
 
 def max_logprob_error(model, out, temperature):

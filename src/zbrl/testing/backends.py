@@ -1,10 +1,13 @@
-"""Builders for the inference-backend tests and benches: sampling settings and a tiny vLLM
-engine's settings, so that each test states only what it changes."""
+"""Builders for the inference-backend tests and benches: sampling settings, a tiny vLLM engine's
+settings, the reference log-probs a backend is checked against, and random LoRA adapters."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
+
+import torch
 
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.backends.vllm_backend import VllmSettings
@@ -45,3 +48,36 @@ responses up to 128 tokens."""
 def vllm_settings(**changes: Any) -> VllmSettings:
     """:data:`TINY_VLLM` with ``changes`` (field names of :class:`VllmSettings`)."""
     return replace(TINY_VLLM, **changes)
+
+
+def reference_logprobs(
+    model: Any, prompt: list[int], response: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``log_softmax(logits / T)`` of each ``response`` token from ONE unpadded transformers
+    forward pass over ``prompt + response`` on the model's device (the value a backend's
+    recorded log-probs are checked against); float32 ``[len(response)]`` on the CPU."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + response.tolist()], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float().cpu()
+    p = len(prompt)
+    steps = logits[p - 1 : p - 1 + response.numel()] / temperature
+    return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1).cpu()).squeeze(1)
+
+
+def random_lora_adapters(
+    model: Any, rank: int, seed: int, targets: Iterable[str]
+) -> dict[str, torch.Tensor]:
+    """peft-named ``lora_A``/``lora_B`` tensors for every ``torch.nn.Linear`` of ``model`` whose
+    last name is in ``targets``, both nonzero (B = 0, peft's start, would change nothing)."""
+    gen = torch.Generator().manual_seed(seed)
+    names = set(targets)
+    tensors = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in names:
+            stem = f"base_model.model.{name}"
+            tensors[f"{stem}.lora_A.weight"] = (
+                torch.randn(rank, module.in_features, generator=gen) * 0.3
+            )
+            tensors[f"{stem}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=gen)
+    return tensors
