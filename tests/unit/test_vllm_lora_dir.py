@@ -76,7 +76,7 @@ def test_tensors_keep_their_names_and_dtype_and_the_config_is_peft_s(tmp_path):
     [
         ({"model.layers.0.self_attn.q_proj.weight": torch.zeros(128, 128)}, "adapters only"),
         ({A: torch.zeros(8, 128), B: torch.zeros(128, 8)}, r"not rank 4.*model\.lora\.rank"),
-        ({A: torch.zeros(4, 128)}, "without both lora_A and lora_B"),
+        ({A: torch.zeros(4, 128)}, "lacks lora_A or lora_B"),
         ({}, "no adapter tensors"),
     ],
 )

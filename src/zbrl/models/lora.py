@@ -164,7 +164,7 @@ class AdapterMerger:
         """Set every adapted weight to ``base + scale * B @ A`` for the given adapters (all of
         them: one published version); ValueError for a tensor that is not a LoRA ``A``/``B``
         of a linear layer of the model, or an ``A`` without its ``B``."""
-        for module_name, (a, b) in _pairs(named_tensors).items():
+        for module_name, (a, b) in adapter_pairs(named_tensors).items():
             weight = self._weight(module_name)
             base = self._base.setdefault(module_name, weight.detach().clone())
             delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
@@ -185,10 +185,11 @@ class AdapterMerger:
         return module.weight
 
 
-def _pairs(
+def adapter_pairs(
     named_tensors: Mapping[str, torch.Tensor],
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{module name: (A, B)}`` from peft's adapter names."""
+    """``{module name: (A, B)}`` from peft's adapter names; ValueError for a tensor that is not
+    an adapter's or an adapter without both halves."""
     found: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named_tensors.items():
         stem, dot, part = name.rpartition(".lora_")

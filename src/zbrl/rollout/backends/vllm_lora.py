@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
+from zbrl.models.lora import PREFIX, adapter_pairs
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PREFIX = "base_model.model."
-"""peft's file names and tensor-name prefix (as in :mod:`zbrl.models.lora`)."""
+"""peft's file names (its tensor-name prefix is :data:`zbrl.models.lora.PREFIX`)."""
 
 ENGINE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank`` (vllm.config.lora.MaxLoRARanks)."""
@@ -125,26 +126,16 @@ def adapter_config(spec: AdapterSpec) -> dict[str, Any]:
 def check_adapter_tensors(named_tensors: Mapping[str, torch.Tensor], spec: AdapterSpec) -> None:
     """ValueError unless every tensor is a LoRA ``A`` (``rank x in``) or ``B`` (``out x rank``)
     by peft's names, each ``A`` with its ``B``: what a LoRA run's consumer publishes."""
-    parts: dict[str, set[str]] = {}
-    for name, tensor in named_tensors.items():
-        stem, dot, part = name.rpartition(".lora_")
-        if not dot or part not in ("A.weight", "B.weight") or not stem.startswith(PREFIX):
-            raise ValueError(
-                f"{name!r} is not a LoRA adapter tensor ({PREFIX}<module>.lora_A/B.weight); "
-                "the vLLM backend of a model.lora run receives adapters only"
-            )
-        axis = 0 if part[0] == "A" else 1
-        if tensor.dim() != 2 or tensor.shape[axis] != spec.rank:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}, not rank {spec.rank} "
-                "(model.lora.rank of the run)"
-            )
-        parts.setdefault(stem, set()).add(part[0])
-    unpaired = sorted(stem for stem, got in parts.items() if got != {"A", "B"})
-    if unpaired:
-        raise ValueError(f"adapters without both lora_A and lora_B: {unpaired[:3]}")
-    if not parts:
+    pairs = adapter_pairs(named_tensors)  # peft's names, both halves of every adapter
+    if not pairs:
         raise ValueError("no adapter tensors given")
+    for module_name, (a, b) in pairs.items():
+        for part, tensor, axis in (("A", a, 0), ("B", b, 1)):
+            if tensor.dim() != 2 or tensor.shape[axis] != spec.rank:
+                raise ValueError(
+                    f"{PREFIX}{module_name}.lora_{part}.weight has shape {tuple(tensor.shape)}, "
+                    f"not rank {spec.rank} (model.lora.rank of the run)"
+                )
 
 
 def write_adapter_dir(
