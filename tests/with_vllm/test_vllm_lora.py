@@ -134,7 +134,7 @@ def test_versions_are_served_as_the_merged_model_and_replace_each_other(engine, 
 
 def test_full_weights_sent_to_a_lora_engine_are_refused(engine, tiny_model_dir):
     state = base_model(tiny_model_dir).state_dict()
-    with pytest.raises(ValueError, match="not a LoRA adapter tensor.*adapters only"):
+    with pytest.raises(ValueError, match=r"not a LoRA adapter tensor.*adapters only"):
         engine.load_weights(state)
 
 
