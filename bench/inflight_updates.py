@@ -131,19 +131,10 @@ def overhead_backend(name: str, model_dir: str):
 
     torch.set_num_threads(1)
     if name == "vllm":
-        from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
+        from zbrl.rollout.backends.vllm_backend import VllmBackend
+        from zbrl.testing.backends import vllm_settings
 
-        settings = VllmSettings(
-            dtype="float32",
-            seed=0,
-            max_model_len=None,
-            enforce_eager=True,
-            gpu_memory_utilization=0.5,
-            tensor_parallel_size=1,
-            cpu_kv_cache_gib=1,
-            trust_remote_code=False,
-            inflight_updates=True,
-        )
+        settings = vllm_settings(max_model_len=None, inflight_updates=True)
         return VllmBackend(model_dir, model_dir, settings)
     from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
@@ -156,22 +147,15 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from zbrl.assembly.settings import sampling_params
     from zbrl.data.prompts import PromptEncoder
     from zbrl.data.synthetic import make_arithmetic_rows
-    from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+    from zbrl.rollout.backends.base import InflightSwap
 
     backend = overhead_backend(backend_name, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     cfg = load_config(args_recipe(), [])
-    g = cfg.rollout.generation
-    params = SamplingParams(
-        n=g.num_generations,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        max_new_tokens=g.max_new_tokens,
-        stop_strings=tuple(g.stop_strings),
-    )
+    params = sampling_params(cfg)  # the recipe's, as a producer builds them
     encoder = PromptEncoder(tokenizer, max_prompt_tokens=512, system_prompt=None)
     prompts = [encoder.token_ids(row) for row in make_arithmetic_rows(8, seed=0)]
     model = AutoModelForCausalLM.from_pretrained(model_dir)
