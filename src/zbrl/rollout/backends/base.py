@@ -49,6 +49,13 @@ class Completion:
     """int64 [L]: the policy version that sampled each token (in-flight updates); None: the
     version loaded when the generation started sampled every token."""
 
+    def copy(self) -> Completion:
+        """An independent copy (its tensors cloned): greedy decoding samples once and copies."""
+        versions = None if self.versions is None else self.versions.clone()
+        return Completion(
+            self.token_ids.clone(), self.logprobs.clone(), self.text, self.finish_reason, versions
+        )
+
 
 @dataclass(frozen=True)
 class InflightSwap:

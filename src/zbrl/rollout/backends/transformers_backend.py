@@ -96,7 +96,7 @@ class TransformersBackend:
         else:
             completions = self._generate_once(input_ids, attention, kwargs, params)
         if greedy:
-            return [[_copy(c) for _ in range(params.n)] for c in completions]
+            return [[c.copy() for _ in range(params.n)] for c in completions]
         return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def _generate_once(
@@ -207,8 +207,3 @@ class TransformersBackend:
         return any(
             stop in text[max(0, len(text) - last - len(stop) + 1) :] for stop in stop_strings
         )
-
-
-def _copy(c: Completion) -> Completion:
-    versions = None if c.versions is None else c.versions.clone()
-    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason, versions)

@@ -17,7 +17,7 @@ docs/backends.md for what was measured and what is not verified (the GPU path).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,7 +171,7 @@ class VllmBackend:
         )
         groups = [[self._completion(c) for c in out.outputs] for out in outputs]
         if greedy:
-            return [[_copy(group[0]) for _ in range(params.n)] for group in groups]
+            return [[group[0].copy() for _ in range(params.n)] for group in groups]
         return groups
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
@@ -220,19 +220,35 @@ class VllmBackend:
 
     @staticmethod
     def _completion(out: Any) -> Completion:
-        if out.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vLLM ended a completion with finish_reason={out.finish_reason!r}")
         ids = list(out.token_ids)
         if out.logprobs is None or len(out.logprobs) != len(ids):
             raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-        logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs)]
-        return Completion(
-            token_ids=torch.tensor(ids, dtype=torch.long),
-            logprobs=torch.tensor(logprobs, dtype=torch.float32),
-            text=out.text,
-            finish_reason=out.finish_reason,
-        )
+        return completion_of(ids, sampled_logprobs(ids, out.logprobs), out.text, out.finish_reason)
 
 
-def _copy(c: Completion) -> Completion:
-    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason)
+def sampled_logprobs(token_ids: Sequence[int], steps: Iterable[Any] | None) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-token ``{token_id: Logprob}`` maps
+    (``logprobs=0``: the sampled token's only); none without maps."""
+    if steps is None:
+        return []
+    return [float(step[tok].logprob) for tok, step in zip(token_ids, steps)]
+
+
+def completion_of(
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    text: str,
+    finish_reason: str | None,
+    versions: Sequence[int] | None = None,
+) -> Completion:
+    """The :class:`Completion` of one vLLM response that ended (``stop`` or ``length``; any
+    other reason is a RuntimeError)."""
+    if finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM ended a completion with finish_reason={finish_reason!r}")
+    return Completion(
+        token_ids=torch.tensor(token_ids, dtype=torch.long),
+        logprobs=torch.tensor(logprobs, dtype=torch.float32),
+        text=text,
+        finish_reason=finish_reason,
+        versions=None if versions is None else torch.tensor(versions, dtype=torch.long),
+    )

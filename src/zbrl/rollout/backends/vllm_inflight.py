@@ -32,13 +32,12 @@ adapters (each version a new adapter id, which a running request does not follow
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-import torch
-
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+from zbrl.rollout.backends.vllm_backend import completion_of, sampled_logprobs
 
 REQUEST_PREFIX = "zbrl-inflight"
 """Request ids of in-flight generations (``LLM.generate`` numbers its own from 0)."""
@@ -92,28 +91,9 @@ class ResponseTrace:
         self.finish_reason = finish_reason
 
     def completion(self) -> Completion:
-        if self.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vLLM ended a completion with finish_reason={self.finish_reason!r}")
-        return Completion(
-            token_ids=torch.tensor(self.token_ids, dtype=torch.long),
-            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
-            text=self.text,
-            finish_reason=self.finish_reason,
-            versions=torch.tensor(self.versions, dtype=torch.long),
+        return completion_of(
+            self.token_ids, self.logprobs, self.text, self.finish_reason, self.versions
         )
-
-
-def sampled_logprobs(token_ids: Sequence[int], steps: Iterable[Any] | None) -> list[float]:
-    """The log-prob of each sampled token from vLLM's per-token ``{token_id: Logprob}`` maps
-    (``logprobs=0``: the sampled token's only)."""
-    if steps is None:
-        return []
-    return [float(step[tok].logprob) for tok, step in zip(token_ids, steps)]
-
-
-def copy_completion(c: Completion) -> Completion:
-    versions = None if c.versions is None else c.versions.clone()
-    return Completion(c.token_ids.clone(), c.logprobs.clone(), c.text, c.finish_reason, versions)
 
 
 class SteppedGeneration:
@@ -220,5 +200,5 @@ def generate_inflight(
 
     done = SteppedGeneration(engine, request_params, inflight, render).run(rows)
     if greedy:
-        return [[copy_completion(c) for _ in range(params.n)] for c in done]
+        return [[c.copy() for _ in range(params.n)] for c in done]
     return [done[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]
