@@ -39,38 +39,56 @@ def load_policy(cfg: RunConfig, model_dir: Path, dtype: torch.dtype):
 
 
 def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
-    """The inference backend of a producer or the evaluator, in the calling process."""
-    if cfg.rollout.backend.type == "vllm":
-        return build_vllm_backend(cfg, model_dir, tokenizer_dir)
+    """The inference backend of a producer or the evaluator, in the calling process. With
+    ``model.lora``, or a LoRA checkpoint as ``model_dir``, it loads the frozen base and takes
+    adapters (:func:`adapter_source`); a checkpoint's own adapters are loaded first."""
     from zbrl.models import lora
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
-    tokenizer = load_tokenizer(cfg, tokenizer_dir)
-    adapter_dir = model_dir if lora.is_adapter_dir(model_dir) else None
-    base_dir = lora.base_dir_of(adapter_dir) if adapter_dir else model_dir
-    model = load_policy(cfg, base_dir, compute_dtype(cfg))
-    merger = None
-    if adapter_dir is not None or cfg.model.lora is not None:
-        if adapter_dir is not None:
-            scale = lora.scale_of(adapter_dir)
-        else:
-            scale = cfg.model.lora.alpha / cfg.model.lora.rank
-        merger = lora.AdapterMerger(model, scale)
-    backend = TransformersBackend(model, tokenizer, device=device_of(cfg), merger=merger)
-    if adapter_dir is not None:  # a LoRA checkpoint: its adapters merged into the base
+    adapter_dir, base_dir, spec = adapter_source(cfg, model_dir)
+    if cfg.rollout.backend.type == "vllm":
+        backend = build_vllm_backend(cfg, base_dir, tokenizer_dir, spec)
+    else:
+        from zbrl.rollout.backends.transformers_backend import TransformersBackend
+
+        tokenizer = load_tokenizer(cfg, tokenizer_dir)
+        model = load_policy(cfg, base_dir, compute_dtype(cfg))
+        merger = None if spec is None else lora.AdapterMerger(model, lora.scale_of(spec))
+        backend = TransformersBackend(model, tokenizer, device=device_of(cfg), merger=merger)
+    if adapter_dir is not None:  # a LoRA checkpoint: its adapters, merged or served
         backend.load_weights(lora.load_adapter_tensors(adapter_dir))
     return backend
 
 
-def build_vllm_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
-    """The vLLM backend of :func:`build_backend`. With ``model.lora``, or a LoRA checkpoint as
-    ``model_dir``, the engine loads the frozen base and serves the adapters it is sent through
-    vLLM's LoRA support, or (``rollout.backend.lora_mode=merged``) reloads the base with them
-    merged (:mod:`zbrl.rollout.backends.vllm_lora`); a checkpoint's own adapters are loaded
-    first."""
+def adapter_source(cfg: RunConfig, model_dir: Path):
+    """``(adapter_dir, base_dir, spec)``: the LoRA checkpoint ``model_dir`` is (else None), the
+    base model to load (``model_dir`` itself without one), and the adapters' spec (a
+    checkpoint's own, or ``model.lora``'s; None: full weights)."""
+    from zbrl.models import lora
+
+    if lora.is_adapter_dir(model_dir):
+        base_dir = lora.base_dir_of(model_dir)
+        config = lora.read_adapter_config(model_dir)
+        return model_dir, base_dir, lora.AdapterSpec.from_adapter_config(config, str(base_dir))
+    if cfg.model.lora is None:
+        return None, model_dir, None
+    spec = lora.AdapterSpec(
+        rank=cfg.model.lora.rank,
+        alpha=cfg.model.lora.alpha,
+        target_modules=tuple(cfg.model.lora.target_modules),
+        base_model=str(model_dir),
+        use_rslora=False,
+    )
+    return None, model_dir, spec
+
+
+def build_vllm_backend(cfg: RunConfig, base_dir: Path, tokenizer_dir: Path, spec):
+    """The vLLM backend of :func:`build_backend` on the base model ``base_dir``. With adapters
+    (``spec``), the engine serves each version through vLLM's LoRA support, or
+    (``rollout.backend.lora_mode=merged``) reloads the base with them merged
+    (:mod:`zbrl.rollout.backends.vllm_lora`)."""
     from zbrl.models import lora
     from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
-    from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters, scale_of
+    from zbrl.rollout.backends.vllm_lora import MergedAdapters
 
     backend = cfg.rollout.backend
     settings = VllmSettings(
@@ -84,27 +102,11 @@ def build_vllm_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
         trust_remote_code=cfg.model.trust_remote_code,
         inflight_updates=cfg.rollout.inflight_updates.enabled,
     )
-    adapter_dir = model_dir if lora.is_adapter_dir(model_dir) else None
-    base_dir = lora.base_dir_of(adapter_dir) if adapter_dir else model_dir
-    spec = None
-    if adapter_dir is not None:
-        spec = AdapterSpec.from_adapter_config(lora.read_adapter_config(adapter_dir), str(base_dir))
-    elif cfg.model.lora is not None:
-        spec = AdapterSpec(
-            rank=cfg.model.lora.rank,
-            alpha=cfg.model.lora.alpha,
-            target_modules=tuple(cfg.model.lora.target_modules),
-            base_model=str(base_dir),
-            use_rslora=False,
-        )
     lora_loader = spec
     if spec is not None and backend.lora_mode == "merged":
-        merger = lora.AdapterMerger(load_policy(cfg, base_dir, compute_dtype(cfg)), scale_of(spec))
-        lora_loader = MergedAdapters(merger, spec)
-    vllm_backend = VllmBackend(base_dir, tokenizer_dir, settings, lora=lora_loader)
-    if adapter_dir is not None:  # a LoRA checkpoint: serve its adapters
-        vllm_backend.load_weights(lora.load_adapter_tensors(adapter_dir))
-    return vllm_backend
+        base = load_policy(cfg, base_dir, compute_dtype(cfg))
+        lora_loader = MergedAdapters(lora.AdapterMerger(base, lora.scale_of(spec)), spec)
+    return VllmBackend(base_dir, tokenizer_dir, settings, lora=lora_loader)
 
 
 def build_engine(

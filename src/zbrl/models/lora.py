@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,11 +128,40 @@ def base_dir_of(adapter_dir: str | Path) -> Path:
     return Path(base)
 
 
-def scale_of(adapter_dir: str | Path) -> float:
-    """The adapter's scale (``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA) from its config."""
-    config = read_adapter_config(adapter_dir)
-    rank, alpha = config["r"], config["lora_alpha"]
-    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What a backend needs to know about the adapters besides their tensors: to merge them
+    (:func:`scale_of`) or to serve them (:mod:`zbrl.rollout.backends.vllm_lora`)."""
+
+    rank: int
+    """``r`` of every adapter (``A`` is ``r x in``)."""
+    alpha: float
+    """``lora_alpha``: the update is ``alpha / rank * B @ A`` (``alpha / sqrt(rank)`` with
+    rsLoRA)."""
+    target_modules: tuple[str, ...] | str
+    """Module names (last component) that carry adapters, or peft's regular expression over
+    full module names (a checkpoint trained elsewhere may use one)."""
+    base_model: str
+    """The base model's directory (``base_model_name_or_path`` in the adapter config)."""
+    use_rslora: bool
+    """rsLoRA scaling (a checkpoint trained elsewhere may use it; zbrl's own runs do not)."""
+
+    @classmethod
+    def from_adapter_config(cls, config: Mapping[str, Any], base_model: str) -> AdapterSpec:
+        """The spec of a peft adapter directory from its ``adapter_config.json`` contents."""
+        targets = config["target_modules"]
+        return cls(
+            rank=int(config["r"]),
+            alpha=float(config["lora_alpha"]),
+            target_modules=targets if isinstance(targets, str) else tuple(targets),
+            base_model=base_model,
+            use_rslora=bool(config.get("use_rslora", False)),
+        )
+
+
+def scale_of(spec: AdapterSpec) -> float:
+    """The adapters' scale: ``alpha / rank``, or ``alpha / sqrt(rank)`` with rsLoRA."""
+    return spec.alpha / (math.sqrt(spec.rank) if spec.use_rslora else spec.rank)
 
 
 def load_adapter_tensors(adapter_dir: str | Path) -> dict[str, torch.Tensor]:

@@ -23,16 +23,14 @@ Nothing here imports vLLM at module level: the directory writer is tested withou
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from zbrl.models.lora import PREFIX, adapter_pairs
+from zbrl.models.lora import PREFIX, AdapterSpec, adapter_pairs
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -40,41 +38,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 ENGINE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank`` (vllm.config.lora.MaxLoRARanks)."""
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """What vLLM needs to know about the adapters besides their tensors."""
-
-    rank: int
-    """``r`` of every adapter (``A`` is ``r x in``)."""
-    alpha: float
-    """``lora_alpha``: the update is ``alpha / rank * B @ A`` (``alpha / sqrt(rank)`` with
-    rsLoRA)."""
-    target_modules: tuple[str, ...] | str
-    """Module names (last component) that carry adapters, or peft's regular expression over
-    full module names (a checkpoint trained elsewhere may use one)."""
-    base_model: str
-    """The base model's directory (``base_model_name_or_path`` in the adapter config)."""
-    use_rslora: bool
-    """rsLoRA scaling (a checkpoint trained elsewhere may use it; zbrl's own runs do not)."""
-
-    @classmethod
-    def from_adapter_config(cls, config: Mapping[str, Any], base_model: str) -> AdapterSpec:
-        """The spec of a peft adapter directory from its ``adapter_config.json`` contents."""
-        targets = config["target_modules"]
-        return cls(
-            rank=int(config["r"]),
-            alpha=float(config["lora_alpha"]),
-            target_modules=targets if isinstance(targets, str) else tuple(targets),
-            base_model=base_model,
-            use_rslora=bool(config.get("use_rslora", False)),
-        )
-
-
-def scale_of(spec: AdapterSpec) -> float:
-    """The adapters' scale: ``alpha / rank``, or ``alpha / sqrt(rank)`` with rsLoRA."""
-    return spec.alpha / (math.sqrt(spec.rank) if spec.use_rslora else spec.rank)
 
 
 def engine_rank(rank: int) -> int:
