@@ -18,6 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerBase
 
 from zbrl.models.tiny import save_model_dir
+from zbrl.models.tokenizer import EOS_TOKEN, ROLE_TOKENS
 
 
 def build_tiny_reward_model(
@@ -357,7 +358,8 @@ def _fit_likelihood_verifier(
     regression on the sampled responses' labels."""
     from zbrl.models.likelihood_verifier import build_likelihood_verifier, fit_head
 
-    verifier = build_likelihood_verifier(backbone, tokenizer.convert_tokens_to_ids("<|assistant|>"))
+    assistant = tokenizer.convert_tokens_to_ids(ROLE_TOKENS["assistant"])
+    verifier = build_likelihood_verifier(backbone, assistant)
     verifier.eval()
     with torch.no_grad():
         features_NF = torch.cat([
@@ -451,7 +453,7 @@ def _train_tokenwise(
 
 def _response_of(text: str) -> str:
     """The assistant's turn of a text rendered by ``render_pair`` with the embedded template."""
-    return text.rsplit("<|assistant|>", 1)[1].removesuffix("<|end|>")
+    return text.rsplit(ROLE_TOKENS["assistant"], 1)[1].removesuffix(EOS_TOKEN)
 
 
 def _token_batch(
