@@ -8,27 +8,24 @@ catalogue, the ``zbrl models`` command) load without torch and transformers.
 
 from __future__ import annotations
 
-import importlib
+from zbrl.lazy import lazy_attributes
 
 _LAZY = {
-    "build_tiny_model": "zbrl.models.tiny",
-    "create_embedded_model": "zbrl.models.tiny",
-    "save_model_dir": "zbrl.models.tiny",
-    "CHAT_TEMPLATE": "zbrl.models.tokenizer",
-    "EOS_TOKEN": "zbrl.models.tokenizer",
-    "TAG_TOKENS": "zbrl.models.tokenizer",
-    "build_tokenizer": "zbrl.models.tokenizer",
-    "ensure_warm_start": "zbrl.models.warm_start",
-    "evaluate": "zbrl.models.warm_start",
-    "generate_responses": "zbrl.models.warm_start",
-    "read_warm_start_summary": "zbrl.models.warm_start",
-    "train_sft": "zbrl.models.warm_start",
+    "build_tiny_model": "tiny",
+    "create_embedded_model": "tiny",
+    "save_model_dir": "tiny",
+    "CHAT_TEMPLATE": "tokenizer",
+    "EOS_TOKEN": "tokenizer",
+    "TAG_TOKENS": "tokenizer",
+    "build_tokenizer": "tokenizer",
+    "ensure_warm_start": "warm_start",
+    "evaluate": "warm_start",
+    "generate_responses": "warm_start",
+    "read_warm_start_summary": "warm_start",
+    "train_sft": "warm_start",
 }
 
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'zbrl.models' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -3,7 +3,9 @@ factory that picks one from the config (:mod:`.factory`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from zbrl.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from zbrl.transport.weight_sync.base import NamedTensors, WeightPublisher, WeightReceiver
@@ -11,11 +13,6 @@ if TYPE_CHECKING:
 __all__ = ["NamedTensors", "WeightPublisher", "WeightReceiver"]
 
 
-def __getattr__(name: str) -> Any:
-    """The protocol's names, imported on first use: the weight store's process (which imports
-    :mod:`.store`, inside this package) starts without importing torch."""
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from zbrl.transport.weight_sync import base
-
-    return getattr(base, name)
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(__all__, "base"))
+"""The protocol's names, imported on first use: the weight store's process (which imports
+:mod:`.store`, inside this package) starts without importing torch."""
