@@ -14,22 +14,12 @@ from pathlib import Path
 import pytest
 
 from zbrl.testing.cli_process import finish, start, tiny_run, wait_for_steps
-from zbrl.testing.procs import descendants, process_name
+from zbrl.testing.procs import descendants, process_name, survivors
 from zbrl.training.checkpoint import find_latest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
-
-
-def survivors(pids: set[int], within_s: float) -> dict[int, str]:
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = {pid: process_name(pid) for pid in pids if os.path.exists(f"/proc/{pid}")}
-        alive = {pid: name for pid, name in alive.items() if name}  # zombies have no cmdline
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.25)
 
 
 def test_sigterm_to_the_process_group_ends_with_a_resumable_checkpoint(tmp_path, run_cache):

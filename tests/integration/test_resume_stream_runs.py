@@ -4,13 +4,19 @@ lost and none trained twice (the generating versions may differ: they depend on 
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from zbrl.testing.cli_process import finish, start, tiny_run, uid_log, wait_for_steps
+from zbrl.testing.cli_process import (
+    finish,
+    signal_stop,
+    start,
+    tiny_run,
+    uid_log,
+    wait_for_steps,
+)
 from zbrl.training.checkpoint import find_latest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,7 +38,7 @@ def test_stopped_and_resumed_at_staleness_1_trains_the_uninterrupted_stream(tmp_
     proc, stderr = start(tmp_path, "broken", *run_args(broken, run_cache))
     try:
         wait_for_steps(proc, stderr, broken, 5)
-        os.kill(proc.pid, signal.SIGTERM)
+        signal_stop(proc, stderr, signal.SIGTERM)
     finally:
         code, err = finish(proc, stderr, bound_s=90)
     assert code == 143, err[-3000:]

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,62 +16,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zbrl.testing.procs import descendants, find_process, kill_tree, process_name
-from zbrl.testing.runs import WARM_START_STEPS
+from zbrl.testing.cli_process import finish, signal_stop, start, tiny_run, uid_log, wait_for_steps
+from zbrl.testing.procs import descendants, find_process, kill_tree, survivors
 from zbrl.training.checkpoint import find_latest, load_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-DEMO = REPO / "recipes" / "demo.yaml"
-BOUND_S = 300.0  # for each wait below; a normal pass takes well under a minute
+DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 
 @pytest.fixture
 def cache_dir(run_cache) -> Path:
     return run_cache
-
-
-def tiny(run_dir: Path, cache_dir: Path, steps: int, staleness: int) -> list[str]:
-    return [
-        f"logging.run_dir={run_dir}",
-        f"logging.cache_dir={cache_dir}",
-        "logging.progress=false",
-        "logging.save_interval=0",
-        f"model.warm_start.steps={WARM_START_STEPS}",
-        "data.synthetic.num_train=64",
-        "data.num_epochs=100",
-        "rollout.generation.max_new_tokens=8",
-        "rollout.generation.num_generations=2",
-        "rollout.inference_batch_size=2",
-        "rollout.inference_microbatch_size=2",
-        "training.train_batch_size=2",
-        "training.train_microbatch_size=4",
-        f"training.max_steps={steps}",
-        f"transport.max_staleness={staleness}",
-        "eval.sets={}",
-    ]
-
-
-def start(tmp_path: Path, tag: str, *args: str) -> tuple[subprocess.Popen, Path]:
-    stderr = tmp_path / f"{tag}.stderr"
-    with open(tmp_path / f"{tag}.stdout", "w") as out, open(stderr, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "zbrl.cli", *args],
-            stdout=out,
-            stderr=err,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
-    return proc, stderr
-
-
-def finish(proc: subprocess.Popen, stderr: Path) -> tuple[int, str]:
-    try:
-        code = proc.wait(timeout=BOUND_S)
-    finally:
-        kill_tree(proc)
-    return code, stderr.read_text()
 
 
 def run_to_end(tmp_path: Path, tag: str, *args: str) -> str:
@@ -82,30 +36,13 @@ def run_to_end(tmp_path: Path, tag: str, *args: str) -> str:
     return err
 
 
-def wait_for_steps(proc: subprocess.Popen, stderr: Path, run_dir: Path, steps: int) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while trained_steps(run_dir) < steps:
-        assert proc.poll() is None, f"the run ended early:\n{stderr.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "training did not get going"
-        time.sleep(0.2)
-
-
-def trained_steps(run_dir: Path) -> int:
-    log = run_dir / "trained_uids.jsonl"
-    return len(log.read_text().splitlines()) if log.is_file() else 0
-
-
-def uid_log(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "trained_uids.jsonl").read_text().splitlines()]
-
-
 def interrupt(tmp_path: Path, run_dir: Path, sig: int, at_step: int, *args: str) -> str:
     proc, stderr = start(tmp_path, "interrupted", *args)
     try:
         wait_for_steps(proc, stderr, run_dir, at_step)
         tree = descendants(proc.pid)  # the driver's Ray processes and workers
-        os.kill(proc.pid, sig)
         sent = time.monotonic()
+        signal_stop(proc, stderr, sig)
         code = proc.wait(timeout=60)
         took = time.monotonic() - sent
         left = survivors(tree, within_s=15)
@@ -119,16 +56,6 @@ def interrupt(tmp_path: Path, run_dir: Path, sig: int, at_step: int, *args: str)
     return err
 
 
-def survivors(pids: set[int], within_s: float) -> dict[int, str]:
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = {pid: process_name(pid) for pid in pids if os.path.exists(f"/proc/{pid}")}
-        alive = {pid: name for pid, name in alive.items() if name}  # zombies have no cmdline
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.25)
-
-
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "checkpoints" / f"step-{step}" / "model.safetensors")
 
@@ -136,11 +63,10 @@ def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 def test_sigint_then_resume_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path, cache_dir):
     steps = 20
     straight, broken = tmp_path / "straight", tmp_path / "broken"
-    run_to_end(tmp_path, "straight", "train", str(DEMO), *tiny(straight, cache_dir, steps, 0))
+    run_to_end(tmp_path, "straight", "train", str(DEMO), *tiny_run(straight, cache_dir, steps, 0))
 
-    interrupt(
-        tmp_path, broken, signal.SIGINT, 5, "train", str(DEMO), *tiny(broken, cache_dir, steps, 0)
-    )
+    broken_args = tiny_run(broken, cache_dir, steps, 0)
+    interrupt(tmp_path, broken, signal.SIGINT, 5, "train", str(DEMO), *broken_args)
     stopped_at = find_latest(broken / "checkpoints").version
     assert 5 <= stopped_at < steps
     summary = json.loads((broken / "summary.json").read_text())
@@ -155,7 +81,7 @@ def test_sigint_then_resume_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path
 
 def test_async_sigterm_and_resume_lose_nothing_and_train_nothing_twice(tmp_path, cache_dir):
     run_dir, staleness = tmp_path / "run", 2
-    args = [*tiny(run_dir, cache_dir, 30, staleness), "launch.num_producers=2"]
+    args = [*tiny_run(run_dir, cache_dir, 30, staleness), "launch.num_producers=2"]
     interrupt(tmp_path, run_dir, signal.SIGTERM, 6, "train", str(DEMO), *args)
     checkpoint = find_latest(run_dir / "checkpoints")
     buffered = {g.uid for g in load_state(checkpoint.buffer_file)["ready"].values()}
@@ -175,7 +101,7 @@ def test_async_sigterm_and_resume_lose_nothing_and_train_nothing_twice(tmp_path,
 def test_killed_producer_and_evaluator_are_replaced_and_the_run_goes_on(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     evals = ["eval.max_prompts=8", "eval.interval=10", "eval.at_start=false"]
-    args = [*(x for x in tiny(run_dir, cache_dir, 40, 1) if x != "eval.sets={}"), *evals]
+    args = [*(x for x in tiny_run(run_dir, cache_dir, 40, 1) if x != "eval.sets={}"), *evals]
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 5)
@@ -199,7 +125,7 @@ def test_killed_producer_and_evaluator_are_replaced_and_the_run_goes_on(tmp_path
 
 def test_past_the_restart_budget_the_run_ends_with_the_cause_and_a_checkpoint(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
-    args = [*tiny(run_dir, cache_dir, 100000, 1), "launch.max_producer_restarts=0"]
+    args = [*tiny_run(run_dir, cache_dir, 100000, 1), "launch.max_producer_restarts=0"]
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, 3)

@@ -4,13 +4,17 @@ everything it started killed however the test ends (:func:`zbrl.testing.procs.ki
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from zbrl.testing.procs import kill_tree
+from zbrl.testing.procs import descendants, kill_tree, process_name
 from zbrl.testing.runs import WARM_START_STEPS
 
 BOUND_S = 300.0
@@ -79,6 +83,45 @@ def wait_for_steps(proc: subprocess.Popen, stderr: Path, run_dir: Path, steps: i
         assert proc.poll() is None, f"the run ended early:\n{stderr.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "training did not get going"
         time.sleep(0.2)
+
+
+def signal_stop(proc: subprocess.Popen, stderr: Path, sig: int) -> None:
+    """Send ``sig`` to the driver so that the stop lands at the step the run is at, not some steps
+    later: the consumers are held (:func:`consumers_held`) from the signal until the driver says
+    it is stopping. A free consumer of the tiny run trains a step every 0.1 s, faster than the
+    driver's loop notices a signal (up to 0.5 s), and could train the rest of a short run first."""
+    with consumers_held(proc.pid):
+        os.kill(proc.pid, sig)
+        wait_for_text(proc, stderr, "[zbrl] waiting up to")
+
+
+@contextlib.contextmanager
+def consumers_held(root: int) -> Iterator[list[int]]:
+    """SIGSTOP the run's consumer processes (``ray::ConsumerWorker``) below ``root`` for the
+    block and SIGCONT them when it ends, however it ends; yields their pids."""
+    pids = sorted(p for p in descendants(root) if process_name(p).startswith("ray::ConsumerWorker"))
+    assert pids, "no consumer process in the run's tree"
+    held: list[int] = []
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                held.append(pid)
+        yield held
+    finally:
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def wait_for_text(proc: subprocess.Popen, stderr: Path, text: str) -> None:
+    """Until ``text`` appears in the run's stderr; AssertionError if the run ends or the wait
+    passes :data:`BOUND_S` first."""
+    deadline = time.monotonic() + BOUND_S
+    while text not in stderr.read_text():
+        assert proc.poll() is None, f"the run ended first:\n{stderr.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in the run's stderr"
+        time.sleep(0.05)
 
 
 def uid_log(run_dir: Path) -> list[dict]:

@@ -85,6 +85,18 @@ def process_name(pid: int) -> str:
     return os.path.basename(words[0].decode(errors="replace")) if words else ""
 
 
+def survivors(pids: set[int], within_s: float) -> dict[int, str]:
+    """Those of ``pids`` still alive (pid -> name) once all have ended or ``within_s`` has passed;
+    a zombie (no command line) counts as ended."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = {pid: process_name(pid) for pid in pids if os.path.exists(f"/proc/{pid}")}
+        alive = {pid: name for pid, name in alive.items() if name}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.25)
+
+
 def socket_inodes(pid: int) -> set[int]:
     inodes = set()
     try:
