@@ -36,7 +36,7 @@ def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
 
         embedded_reward_model(cfg, verbose=verbose)
     if cfg.model.tokenizer_path is not None:
-        from zbrl.assembly.model_source import quiet_transformers
+        from zbrl.models.quiet import quiet_transformers
 
         quiet_transformers()
     tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
@@ -69,7 +69,7 @@ def embedded_policy_dir(cfg: RunConfig, cache: Path, *, verbose: bool = True) ->
 
 
 def _model_dir(cfg: RunConfig, cache: Path, verbose: bool) -> Path:
-    from zbrl.assembly.model_source import quiet_transformers
+    from zbrl.models.quiet import quiet_transformers
 
     if cfg.model.path != EMBEDDED:  # a local directory, a GGUF file, a Hub id, a pulled name
         quiet_transformers()

@@ -31,14 +31,6 @@ def user_tokenizer_dir(cfg: RunConfig, *, verbose: bool = True) -> Path | None:
     return resolve(spec, cfg.logging.cache_dir, field="model.tokenizer_path", verbose=verbose)
 
 
-def quiet_transformers() -> None:
-    """No per-file progress bars from transformers in worker logs."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
 def load_tokenizer(cfg: RunConfig, tokenizer_dir: Path):
     """The tokenizer in ``tokenizer_dir`` with ``model.chat_template`` applied when set; a
     RunError when it is left without a chat template."""

@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 
 from zbrl.assembly.input_checks import check_backend_installed  # noqa: F401 (its old home)
-from zbrl.assembly.model_source import load_tokenizer, quiet_transformers  # noqa: F401 (same)
+from zbrl.assembly.model_source import load_tokenizer
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
+from zbrl.models.quiet import quiet_transformers  # noqa: F401 (used through here)
 
 
 def device_of(cfg: RunConfig) -> torch.device:

@@ -78,7 +78,8 @@ def encode_datasets(
         if hit is not None:
             return hit
         if not tokenizer:
-            from zbrl.assembly.model_source import load_tokenizer, quiet_transformers
+            from zbrl.assembly.model_source import load_tokenizer
+            from zbrl.models.quiet import quiet_transformers
 
             quiet_transformers()
             tokenizer.append(load_tokenizer(cfg, artifacts.tokenizer_dir))

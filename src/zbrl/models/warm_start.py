@@ -141,13 +141,11 @@ def read_warm_start_summary(model_dir: str | Path) -> dict:
 
 
 def _build(settings: WarmStartSettings, out_dir: Path, *, eval_size: int, verbose: bool) -> dict:
-    from transformers.utils import logging as hf_logging
-
+    from zbrl.models.quiet import quiet_transformers
     from zbrl.models.tiny import build_tiny_model, save_model_dir
     from zbrl.models.tokenizer import build_tokenizer
 
-    hf_logging.disable_progress_bar()  # quiet, as everywhere zbrl loads transformers
-    hf_logging.set_verbosity_error()
+    quiet_transformers()
     started = time.perf_counter()
     tokenizer = build_tokenizer()
     model = build_tiny_model(
