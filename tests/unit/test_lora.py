@@ -286,7 +286,7 @@ def test_eval_of_a_lora_checkpoint_checks_its_base(checkpointed, tmp_path):
     from zbrl.assembly.input_checks import check_lora_checkpoint
 
     path = checkpointed[3]
-    check_lora_checkpoint(load_config(None, []), path)  # peft, transformers, the base: fine
+    check_lora_checkpoint(load_config(None, []), path)  # transformers and the base: fine
     check_lora_checkpoint(load_config(None, ["rollout.backend=vllm"]), path)  # vLLM serves it
     moved = shutil.copytree(path, tmp_path / "step-3")
     config_file = moved / "adapter_config.json"
@@ -295,6 +295,24 @@ def test_eval_of_a_lora_checkpoint_checks_its_base(checkpointed, tmp_path):
     )
     with pytest.raises(RunError, match="edit base_model_name_or_path"):
         check_lora_checkpoint(load_config(None, []), moved)
+
+
+def test_a_lora_checkpoint_is_served_without_peft(checkpointed, tiny_model_dir, monkeypatch):
+    """The receiving side (zbrl eval, producers) merges the adapters itself: with peft unimportable
+    the checkpoint passes eval's checks and generates what the merged model computes."""
+    import sys
+
+    from zbrl.assembly.input_checks import check_lora_checkpoint
+    from zbrl.models import lora
+
+    path = checkpointed[3]
+    with_peft = build_backend(load_config(None, []), path, tiny_model_dir)
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError
+    assert not lora.peft_available()
+    check_lora_checkpoint(load_config(None, []), path)
+    without = build_backend(load_config(None, []), path, tiny_model_dir)
+    for name, tensor in with_peft.model.state_dict().items():
+        assert torch.equal(without.model.state_dict()[name], tensor), name
 
 
 def test_the_kl_reference_of_a_lora_checkpoint_is_its_base(checkpointed, tiny_model_dir):

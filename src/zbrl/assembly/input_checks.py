@@ -96,17 +96,11 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
 
 
 def check_lora_checkpoint(cfg: RunConfig, adapter_dir: Path) -> None:
-    """``zbrl eval --model`` of a LoRA checkpoint: peft is installed and the base model it
-    names is there (the transformers backend merges the adapters into it, vLLM serves them)."""
-    import sys
-
+    """``zbrl eval --model`` of a LoRA checkpoint: the base model it names is there. peft is not
+    needed: the transformers backend merges the adapters itself (:class:`zbrl.models.lora.
+    AdapterMerger`) and vLLM reads the adapter directory."""
     from zbrl.models import lora
     from zbrl.models.sources import check_model_dir
 
-    if not lora.peft_available():
-        raise RunError(
-            f"--model {adapter_dir} is a LoRA checkpoint, but peft is not installed in this "
-            f"environment ({sys.executable}): {lora.INSTALL_HINT}"
-        )
     base = lora.base_dir_of(adapter_dir)
     check_model_dir(base, field="--model", spec=f"{adapter_dir}'s base model {base}")
