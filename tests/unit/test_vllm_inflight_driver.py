@@ -28,8 +28,9 @@ class ScriptedEngine:
         self.emitted: dict[str, int] = {}
         self.calls: list[tuple] = []
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, lora_request=None):
         assert params == "n=1, delta"
+        self.calls.append(("add", lora_request))
         self.running[request_id] = prompt["rendered"]
         self.emitted[request_id] = 0
 
@@ -171,17 +172,41 @@ def test_response_trace_refuses_what_vllm_should_never_return():
         trace.completion()
 
 
-def fake_backend(async_scheduling: bool, lora_config=None):
+def fake_backend(async_scheduling: bool, lora_config=None, adapters=None):
     scheduler = SimpleNamespace(async_scheduling=async_scheduling)
     config = SimpleNamespace(scheduler_config=scheduler, lora_config=lora_config)
-    return SimpleNamespace(llm=SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config)))
+    engine = SimpleNamespace(vllm_config=config)
+    return SimpleNamespace(llm=SimpleNamespace(llm_engine=engine), adapters=adapters)
+
+
+def test_requests_are_added_with_the_adapter_loaded_by_the_first_swap():
+    """LoRA served by vLLM: every request of the batch carries the LoRARequest that is current
+    after the swap before the start (later versions replace it in place, under the same id)."""
+    engine = ScriptedEngine({1: (4, "stop"), 2: (2, "stop")})
+    current = {"request": None}
+    count = {"calls": 0}
+
+    def swap() -> int:
+        count["calls"] += 1
+        current["request"] = f"adapter after swap {count['calls']}"
+        return count["calls"]
+
+    inflight = InflightSwap(2, swap)
+    SteppedGeneration(engine, "n=1, delta", inflight, render, lambda: current["request"]).run(
+        [[1], [2]]
+    )
+    adds = [call for call in engine.calls if call[0] == "add"]
+    assert adds == [("add", "adapter after swap 1")] * 2
+    plain = ScriptedEngine({1: (2, "stop")})
+    SteppedGeneration(plain, "n=1, delta", InflightSwap(2, lambda: 0), render).run([[1]])
+    assert [call for call in plain.calls if call[0] == "add"] == [("add", None)]
 
 
 @pytest.mark.parametrize(
     ("backend", "error", "message"),
     [
         (fake_backend(True), RuntimeError, "VllmSettings.inflight_updates=True"),
-        (fake_backend(False, lora_config=object()), ValueError, "inflight_updates.enabled=false"),
+        (fake_backend(False, lora_config=object()), ValueError, "in place under one adapter id"),
     ],
 )
 def test_engines_that_cannot_swap_between_steps_are_refused(backend, error, message):

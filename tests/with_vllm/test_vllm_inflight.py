@@ -195,10 +195,11 @@ def test_stop_strings_end_responses_across_a_swap(engine, old_model, new_model, 
     assert hits >= 1
 
 
-def test_merged_lora_versions_swap_between_engine_steps(tiny_model_dir, old_model):
-    """``lora_mode: merged`` reloads full weights in place, so its adapter versions swap between
-    engine steps like any weights (vLLM's own LoRA serving, one adapter id per version, cannot:
-    the config refuses it)."""
+@pytest.mark.parametrize("mode", ["merged", "adapters"])
+def test_lora_versions_swap_between_engine_steps(tiny_model_dir, old_model, mode):
+    """LoRA versions swap between engine steps in both modes: ``merged`` reloads full weights in
+    place like any weights; ``adapters`` (vLLM's own LoRA serving) replaces the adapter in place
+    under the id the running requests hold. Each token's log-prob is its version's (recompute)."""
     from zbrl.assembly.models import build_backend
     from zbrl.config import load_config
     from zbrl.config.model import LLAMA_LINEAR_LAYERS
@@ -207,7 +208,7 @@ def test_merged_lora_versions_swap_between_engine_steps(tiny_model_dir, old_mode
     cfg = load_config(
         None,
         [
-            "rollout.backend={type: vllm, lora_mode: merged}",
+            f"rollout.backend={{type: vllm, lora_mode: {mode}}}",
             "model.lora.rank=4",
             "model.lora.alpha=8",
             "rollout.inflight_updates.enabled=true",
@@ -257,3 +258,12 @@ def test_merged_lora_versions_swap_between_engine_steps(tiny_model_dir, old_mode
                 ref = reference_logprobs(model, prompt_of(i, 4), c.token_ids, 1.0)
                 assert float((c.logprobs - ref)[mine].abs().max()) < TOLERANCE
     assert stale > 100 * TOLERANCE
+    # a later batch: the long prompt's first block is cached under version 2, then version 1 is
+    # loaded again between batches (for adapters: in place, under the same id) and nothing that
+    # version 2 computed is reused (merged: load_weights clears the prefix cache; adapters: that
+    # too, and vLLM keys cached blocks by the adapter's path, new for each version)
+    backend.generate(LONG, params(n=2, temperature=1.0), inflight=fixed(2))
+    backend.load_weights(versions[0][0])
+    for c in flat(backend.generate(LONG, params(n=2, temperature=1.0), inflight=fixed(3))):
+        ref = reference_logprobs(versions[0][1], LONG[0], c.token_ids, 1.0)
+        assert float((c.logprobs - ref).abs().max()) < TOLERANCE

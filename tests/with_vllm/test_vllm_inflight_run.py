@@ -1,7 +1,8 @@
 """A short run with vLLM rollouts and in-flight weight updates (the producer's receiver swaps
 weights into the running engine between engine steps): some responses in the rollout log span
 two policy versions, versions only go up inside a response, and the per-token staleness reaches
-the summary."""
+the summary. With LoRA adapters served by vLLM too (each version replaces the last in place,
+under the adapter id the running requests hold), and only the adapters travel."""
 
 import json
 from pathlib import Path
@@ -17,7 +18,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 
-def test_short_vllm_run_with_inflight_updates(tmp_path, run_cache):
+LORA = ["model.lora.rank=8", "model.lora.alpha=16", "rollout.backend.lora_mode=adapters"]
+FULL_WEIGHTS_BYTES = 2_209_280
+"""The embedded model's full weights in the demo's model.dtype (float32; docs/scaling.md, LoRA)."""
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-adapters"])
+def test_short_vllm_run_with_inflight_updates(tmp_path, run_cache, lora):
     cfg = load_config(
         DEMO,
         [
@@ -35,6 +42,7 @@ def test_short_vllm_run_with_inflight_updates(tmp_path, run_cache):
             "rollout.inflight_updates.chunk_tokens=2",
             "training.max_steps=8",
             "transport.max_staleness=2",
+            *(LORA if lora else []),
         ],
     )
     summary = run_training(cfg)
@@ -51,3 +59,5 @@ def test_short_vllm_run_with_inflight_updates(tmp_path, run_cache):
     for r in records:
         assert r["policy_version"] == min(c[0][1] for c in r["version_changes"] if c)
     assert 0.0 < summary["mean_token_staleness"] <= summary["max_token_staleness"] <= 2
+    sent = summary["weight_sync_bytes_per_version"]
+    assert (sent < FULL_WEIGHTS_BYTES / 4) if lora else (sent == FULL_WEIGHTS_BYTES)

@@ -295,16 +295,6 @@ def check_correction(cfg: RunSections) -> None:
 def check_inflight_updates(cfg: RunSections) -> None:
     if not cfg.rollout.inflight_updates.enabled:
         return
-    backend = cfg.rollout.backend
-    if backend.type == "vllm" and cfg.model.lora is not None and backend.lora_mode == "adapters":
-        raise ValueError(
-            "rollout.inflight_updates.enabled=true with model.lora on rollout.backend.type=vllm "
-            "and rollout.backend.lora_mode=adapters: vLLM serves each LoRA version under its own "
-            "adapter id, which a running request keeps, so adapters are swapped only between "
-            "generation batches; set rollout.backend.lora_mode=merged (the adapters merged into "
-            "the base, reloaded in place between engine steps), or "
-            "rollout.inflight_updates.enabled=false"
-        )
     if cfg.environment is not None:
         raise ValueError(
             "rollout.inflight_updates.enabled=true with an environment: multi-turn episodes "

@@ -144,7 +144,9 @@ class VllmBackend:
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.adapters = VllmAdapters(self.llm, lora) if isinstance(lora, AdapterSpec) else lora
+        self.adapters = lora
+        if isinstance(lora, AdapterSpec):  # in-flight: running requests follow each version
+            self.adapters = VllmAdapters(self.llm, lora, in_place=s.inflight_updates)
 
     def generate(
         self,

@@ -25,8 +25,10 @@ blocks cached under the old weights. The prefix cache is cleared once the batch 
 The engine must step synchronously (vLLM's asynchronous scheduling, its GPU default, queues the
 next step before the current one returns, which would run it under the old weights but tag its
 tokens with the new version): ``VllmSettings.inflight_updates`` turns it off, and a generation on
-an engine that schedules asynchronously is refused. So is one on an engine that serves LoRA
-adapters (each version a new adapter id, which a running request does not follow).
+an engine that schedules asynchronously is refused. LoRA adapters served by vLLM
+(``lora_mode: adapters``) swap the same way: with in-flight updates every version replaces the
+last under one adapter id (:class:`zbrl.rollout.backends.vllm_lora.VllmAdapters`, ``in_place``),
+which the running requests keep; an engine that gives each version a new id is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, Protocol
 
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
 from zbrl.rollout.backends.vllm_backend import completion_of, sampled_logprobs
+from zbrl.rollout.backends.vllm_lora import VllmAdapters
 
 REQUEST_PREFIX = "zbrl-inflight"
 """Request ids of in-flight generations (``LLM.generate`` numbers its own from 0)."""
@@ -48,7 +51,9 @@ _calls = itertools.count()
 class SteppedEngine(Protocol):
     """What the driver uses of vLLM's in-process ``LLMEngine``."""
 
-    def add_request(self, request_id: str, prompt: Any, params: Any) -> Any: ...
+    def add_request(
+        self, request_id: str, prompt: Any, params: Any, lora_request: Any = None
+    ) -> Any: ...
 
     def step(self) -> list[Any]: ...
 
@@ -105,13 +110,17 @@ class SteppedGeneration:
         request_params: Any,
         inflight: InflightSwap,
         render: Callable[[list[list[int]]], list[Any]],
+        lora: Callable[[], Any] | None = None,
     ) -> None:
         """``request_params``: vLLM ``SamplingParams`` with ``n=1`` and delta outputs;
-        ``render``: prompt token ids to the engine's inputs (``LLM.generate``'s rendering)."""
+        ``render``: prompt token ids to the engine's inputs (``LLM.generate``'s rendering);
+        ``lora``: the ``LoRARequest`` to add the requests with, read after the first swap (None
+        or returning None: the plain weights)."""
         self.engine = engine
         self.request_params = request_params
         self.inflight = inflight
         self.render = render
+        self.lora = lora or (lambda: None)
 
     def run(self, rows: list[list[int]]) -> list[Completion]:
         """The completions of ``rows`` (prompt token ids), in order."""
@@ -121,8 +130,9 @@ class SteppedGeneration:
         traces = {rid: ResponseTrace() for rid in ids}
         swapped_while_running = False
         try:
+            lora = self.lora()  # one adapter id for the batch: versions replace it in place
             for rid, prompt in zip(ids, self.render(rows), strict=True):
-                self.engine.add_request(rid, prompt, self.request_params)
+                self.engine.add_request(rid, prompt, self.request_params, lora_request=lora)
             steps = 0
             while self.engine.has_unfinished_requests():
                 if self._step(traces, version):
@@ -174,11 +184,14 @@ def generate_inflight(
     if not prompts:
         return []
     engine = backend.llm.llm_engine
-    if engine.vllm_config.lora_config is not None:
+    adapters = backend.adapters
+    in_place = isinstance(adapters, VllmAdapters) and adapters.in_place
+    if engine.vllm_config.lora_config is not None and not in_place:
         raise ValueError(
-            "in-flight weight updates with LoRA adapters served by vLLM: each version is a new "
-            "adapter id, which a running request does not follow; set "
-            "rollout.backend.lora_mode=merged, or rollout.inflight_updates.enabled=false"
+            "in-flight weight updates with LoRA adapters served by vLLM need every version "
+            "loaded in place under one adapter id (a running request keeps the id it started "
+            "with); build the backend with VllmSettings.inflight_updates=True (zbrl does when "
+            "rollout.inflight_updates.enabled=true)"
         )
     if engine.vllm_config.scheduler_config.async_scheduling:
         raise RuntimeError(
@@ -198,7 +211,8 @@ def generate_inflight(
     def render(rows: list[list[int]]) -> list[Any]:  # as LLM.generate renders its prompts
         return backend.llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
 
-    done = SteppedGeneration(engine, request_params, inflight, render).run(rows)
+    lora = (lambda: backend.lora_request) if adapters is not None else None
+    done = SteppedGeneration(engine, request_params, inflight, render, lora).run(rows)
     if greedy:
         return [[c.copy() for _ in range(params.n)] for c in done]
     return [done[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]

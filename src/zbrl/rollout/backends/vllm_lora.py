@@ -10,7 +10,12 @@ Only the adapter tensors travel (by peft's names ``base_model.model.<module>.lor
   deleted once vLLM has read it. A new id per version is what makes vLLM read the new tensors:
   it caches adapters by id. The previous version is then removed from the engine, so one version
   is held at a time. Before the first version arrives the engine serves the base, which is what
-  adapters at their initial value (``B = 0``) compute.
+  adapters at their initial value (``B = 0``) compute. With in-flight updates
+  (``rollout.inflight_updates``) every version is loaded under the same id instead, replacing
+  the held tensors in place (``LoRARequest.load_inplace``), so that requests already running,
+  which keep the id they started with, sample their next tokens from the new version. The prefix
+  cache is cleared with each version (vLLM also keys cached blocks by the adapter's name and
+  path, and each version's path is new).
 - ``merged`` (:class:`MergedAdapters`): vLLM's LoRA support stays off. A transformers copy of the
   base in this process takes each version merged into it (:class:`zbrl.models.lora.
   AdapterMerger`, always from the unmerged base), and the engine reloads all its weights from
@@ -122,11 +127,14 @@ class VllmAdapters:
     :func:`engine_args`). :attr:`request` is the ``LoRARequest`` to generate with (None: the base,
     before any version)."""
 
-    def __init__(self, llm: Any, spec: AdapterSpec) -> None:
+    def __init__(self, llm: Any, spec: AdapterSpec, in_place: bool = False) -> None:
+        """``in_place``: every version under one id, replacing the last in place (for in-flight
+        updates: running requests follow it); else a new id per version."""
         self.llm = llm
         self.spec = spec
+        self.in_place = in_place
         self.request: Any = None
-        self._next_id = 1
+        self._versions = 0
 
     def load(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Write the adapters to a temporary directory, load them into the engine under a new
@@ -140,14 +148,19 @@ class VllmAdapters:
         kills actors with SIGKILL: no clean-up would run)."""
         from vllm.lora.request import LoRARequest
 
-        lora_id, self._next_id = self._next_id, self._next_id + 1
+        self._versions += 1
+        replace = self.in_place and self.request is not None
+        lora_id = 1 if self.in_place else self._versions
         engine = self.llm.llm_engine
         with tempfile.TemporaryDirectory(prefix="zbrl-lora-") as tmp:
-            path = write_adapter_dir(Path(tmp) / f"v{lora_id}", named_tensors, self.spec)
-            request = LoRARequest(f"zbrl-adapter-{lora_id}", lora_id, str(path))
-            if not engine.add_lora(request):
+            path = write_adapter_dir(Path(tmp) / f"v{self._versions}", named_tensors, self.spec)
+            name = f"zbrl-adapter-{lora_id}"
+            loaded = engine.add_lora(LoRARequest(name, lora_id, str(path), load_inplace=replace))
+            if not loaded:
                 raise RuntimeError(f"vLLM did not load the LoRA adapter written to {path}")
-        old, self.request = self.request, request
+        old, self.request = self.request, LoRARequest(name, lora_id, str(path))
+        if replace:
+            return None
         if old is not None and old.lora_int_id in engine.list_loras():
             engine.remove_lora(old.lora_int_id)  # (max_cpu_loras=1 has usually evicted it)
 
