@@ -197,6 +197,13 @@ def test_requests_are_added_with_the_adapter_loaded_by_the_first_swap():
     )
     adds = [call for call in engine.calls if call[0] == "add"]
     assert adds == [("add", "adapter after swap 1")] * 2
+    # a batch started on the base (no adapter version yet) takes no version in the middle: its
+    # requests, added without an adapter, would go on with the base under the new version's tag
+    on_base = ScriptedEngine({1: (7, "stop")})
+    swap, count = swapper(on_base, {1: 1})
+    inflight = InflightSwap(2, swap)
+    (out,) = SteppedGeneration(on_base, "n=1, delta", inflight, render, lambda: None).run([[1]])
+    assert count["calls"] == 1 and out.versions.tolist() == [0] * 7
     plain = ScriptedEngine({1: (2, "stop")})
     SteppedGeneration(plain, "n=1, delta", InflightSwap(2, lambda: 0), render).run([[1]])
     assert [call for call in plain.calls if call[0] == "add"] == [("add", None)]

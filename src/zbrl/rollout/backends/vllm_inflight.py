@@ -114,13 +114,16 @@ class SteppedGeneration:
     ) -> None:
         """``request_params``: vLLM ``SamplingParams`` with ``n=1`` and delta outputs;
         ``render``: prompt token ids to the engine's inputs (``LLM.generate``'s rendering);
-        ``lora``: the ``LoRARequest`` to add the requests with, read after the first swap (None
-        or returning None: the plain weights)."""
+        ``lora`` (LoRA adapters served by vLLM, each version loaded in place under one id): the
+        ``LoRARequest`` to add the requests with, read after the first swap; None: plain
+        weights. A batch that starts before the first adapter version (``lora`` returns None:
+        the base) swaps only at its start, since requests added without an adapter would go on
+        with the base under a newer version's tag."""
         self.engine = engine
         self.request_params = request_params
         self.inflight = inflight
         self.render = render
-        self.lora = lora or (lambda: None)
+        self.lora = lora
 
     def run(self, rows: list[list[int]]) -> list[Completion]:
         """The completions of ``rows`` (prompt token ids), in order."""
@@ -130,14 +133,16 @@ class SteppedGeneration:
         traces = {rid: ResponseTrace() for rid in ids}
         swapped_while_running = False
         try:
-            lora = self.lora()  # one adapter id for the batch: versions replace it in place
+            lora = self.lora() if self.lora is not None else None  # replaced in place later
+            follows = self.lora is None or lora is not None  # the requests follow new versions
             for rid, prompt in zip(ids, self.render(rows), strict=True):
                 self.engine.add_request(rid, prompt, self.request_params, lora_request=lora)
             steps = 0
             while self.engine.has_unfinished_requests():
                 if self._step(traces, version):
                     steps += 1
-                if steps < self.inflight.chunk_tokens or not self.engine.has_unfinished_requests():
+                due = follows and steps >= self.inflight.chunk_tokens
+                if not due or not self.engine.has_unfinished_requests():
                     continue
                 steps = 0
                 newer = self.inflight.swap()
@@ -211,7 +216,7 @@ def generate_inflight(
     def render(rows: list[list[int]]) -> list[Any]:  # as LLM.generate renders its prompts
         return backend.llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
 
-    lora = (lambda: backend.lora_request) if adapters is not None else None
+    lora = (lambda: backend.lora_request) if in_place else None
     done = SteppedGeneration(engine, request_params, inflight, render, lora).run(rows)
     if greedy:
         return [[c.copy() for _ in range(params.n)] for c in done]
