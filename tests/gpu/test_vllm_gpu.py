@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from zbrl.rollout.backends.base import SamplingParams
-from zbrl.testing.backends import vllm_settings
+from zbrl.testing.backends import max_logprob_error, sampling, vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -23,31 +22,11 @@ def engine(tiny_model_dir):
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
 
 
-def max_error(model, out, temperature):
-    worst = 0.0
-    for prompt, group in zip(PROMPTS, out):
-        for c in group:
-            ids = torch.tensor([list(prompt) + c.token_ids.tolist()], device="cuda")
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits[0].float()
-            p = len(prompt)
-            steps = logits[p - 1 : p - 1 + c.token_ids.numel()] / temperature
-            ref = torch.log_softmax(steps, -1).gather(1, c.token_ids.cuda().view(-1, 1))[:, 0]
-            worst = max(worst, float((c.logprobs.cuda() - ref).abs().max()))
-    return worst
-
-
-def sampling(temperature):
-    return SamplingParams(
-        n=4, temperature=temperature, top_p=1.0, top_k=-1, max_new_tokens=16, stop_strings=()
-    )
-
-
 def test_logprobs_match_transformers_on_gpu(engine, tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda()
-    out = engine.generate(PROMPTS, sampling(0.7))
+    out = engine.generate(PROMPTS, sampling(n=4, temperature=0.7, max_new_tokens=16))
     assert [len(g) for g in out] == [4, 4, 4]
-    assert max_error(model.eval(), out, 0.7) < TOLERANCE
+    assert max_logprob_error(model.eval(), PROMPTS, out, 0.7) < TOLERANCE
 
 
 def test_in_place_update_follows_new_weights_on_gpu(engine, tiny_model_dir):
@@ -56,5 +35,5 @@ def test_in_place_update_follows_new_weights_on_gpu(engine, tiny_model_dir):
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
     engine.load_weights(model.state_dict())
-    out = engine.generate(PROMPTS, sampling(1.0))
-    assert max_error(model.cuda().eval(), out, 1.0) < TOLERANCE
+    out = engine.generate(PROMPTS, sampling(n=4, temperature=1.0, max_new_tokens=16))
+    assert max_logprob_error(model.cuda().eval(), PROMPTS, out, 1.0) < TOLERANCE

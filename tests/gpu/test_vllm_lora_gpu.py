@@ -10,9 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
-from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
-from zbrl.testing.backends import random_lora_adapters, vllm_settings
+from zbrl.testing.backends import max_logprob_error, random_lora_adapters, sampling, vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -50,31 +49,15 @@ def engine(request, tiny_model_dir):
     torch.cuda.empty_cache()
 
 
-def max_error(model, out):
-    worst = 0.0
-    for prompt, group in zip(PROMPTS, out):
-        for c in group:
-            ids = torch.tensor([list(prompt) + c.token_ids.tolist()], device="cuda")
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits[0].float()
-            p = len(prompt)
-            steps = logits[p - 1 : p - 1 + c.token_ids.numel()]
-            ref = torch.log_softmax(steps, -1).gather(1, c.token_ids.cuda().view(-1, 1))[:, 0]
-            worst = max(worst, float((c.logprobs.cuda() - ref).abs().max()))
-    return worst
-
-
 def test_versions_match_the_merged_model_on_gpu(engine, tiny_model_dir):
     mode, backend = engine
     base = base_model(tiny_model_dir)
     v1, v2 = random_adapters(base, seed=1), random_adapters(base, seed=2)
-    params = SamplingParams(
-        n=4, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=16, stop_strings=()
-    )
+    params = sampling(n=4, temperature=1.0, max_new_tokens=16)
     backend.load_weights(v1)
     out = backend.generate(PROMPTS, params)
-    assert max_error(merged(tiny_model_dir, v1), out) < TOLERANCE[mode]
+    assert max_logprob_error(merged(tiny_model_dir, v1), PROMPTS, out, 1.0) < TOLERANCE[mode]
     backend.load_weights(v2)
     out = backend.generate(PROMPTS, params)
-    assert max_error(merged(tiny_model_dir, v2), out) < TOLERANCE[mode]
-    assert max_error(merged(tiny_model_dir, v1), out) > 0.01
+    assert max_logprob_error(merged(tiny_model_dir, v2), PROMPTS, out, 1.0) < TOLERANCE[mode]
+    assert max_logprob_error(merged(tiny_model_dir, v1), PROMPTS, out, 1.0) > 0.01

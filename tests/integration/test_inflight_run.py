@@ -9,7 +9,7 @@ import pytest
 
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
-from zbrl.testing.runs import WARM_START_STEPS
+from zbrl.testing.runs import WARM_START_STEPS, check_rollout_versions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
@@ -43,16 +43,7 @@ def test_short_run_with_inflight_updates(tmp_path, run_cache):
     summary = run_training(cfg)
     assert summary["steps"] == 6
     run_dir = Path(summary["run_dir"])
-    records = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
-    changes = [c for r in records for c in r["version_changes"]]
-    assert changes and all(c[0][0] == 0 for c in changes if c)
-    spanning = [c for c in changes if len(c) > 1]
-    assert spanning, "no response in the rollout log spans two versions"
-    for c in spanning:  # versions go up inside a response, from the group's oldest
-        versions = [v for _, v in c]
-        assert versions == sorted(versions) and len(set(versions)) == len(versions)
-    for r in records:
-        assert r["policy_version"] == min(c[0][1] for c in r["version_changes"] if c)
+    check_rollout_versions(run_dir)
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "loss" in m]
     assert all("token_staleness_mean" in m and "drift_abs_logp" in m for m in steps)

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, SpanRecorder
-from zbrl.testing.backends import reference_logprobs, vllm_settings
+from zbrl.testing.backends import max_logprob_error, vllm_settings
 from zbrl.testing.backends import sampling as params
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
@@ -39,17 +39,6 @@ def engine(tiny_model_dir):
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-def max_logprob_error(model, prompts, out, temperature):
-    return max(
-        float(
-            (c.logprobs - reference_logprobs(model, prompt, c.token_ids, temperature)).abs().max()
-        )
-        for prompt, group in zip(prompts, out)
-        for c in group
-        if c.token_ids.numel()
-    )
 
 
 def test_shapes_and_finish_reasons(engine, tiny_model_dir):

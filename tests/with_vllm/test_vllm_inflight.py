@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.rollout.backends.base import InflightSwap
-from zbrl.testing.backends import reference_logprobs, vllm_settings
+from zbrl.testing.backends import random_lora_adapters, reference_logprobs, vllm_settings
 from zbrl.testing.backends import sampling as params
 
 pytestmark = pytest.mark.vllm
@@ -215,25 +215,13 @@ def test_lora_versions_swap_between_engine_steps(tiny_model_dir, old_model, mode
         ],
     )
     backend = build_backend(cfg, tiny_model_dir, tiny_model_dir)
-    gen = torch.Generator().manual_seed(5)
     versions = []
-    for _ in range(2):
-        adapters = {}
-        for name, module in old_model.named_modules():
-            if (
-                isinstance(module, torch.nn.Linear)
-                and name.rsplit(".", 1)[-1] in LLAMA_LINEAR_LAYERS
-            ):
-                stem = f"base_model.model.{name}"
-                adapters[f"{stem}.lora_A.weight"] = torch.randn(
-                    4, module.in_features, generator=gen
-                )
-                adapters[f"{stem}.lora_B.weight"] = torch.randn(
-                    module.out_features, 4, generator=gen
-                )
+    for seed in (5, 6):
+        adapters = random_lora_adapters(old_model, 4, seed, LLAMA_LINEAR_LAYERS)
+        adapters = {k: 0.1 * v for k, v in adapters.items()}
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-        AdapterMerger(model, 8 / 4).apply({k: 0.1 * v for k, v in adapters.items()})
-        versions.append(({k: 0.1 * v for k, v in adapters.items()}, model))
+        AdapterMerger(model, 8 / 4).apply(adapters)
+        versions.append((adapters, model))
     calls = []
 
     def swap():

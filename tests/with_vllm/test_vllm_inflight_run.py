@@ -4,14 +4,13 @@ two policy versions, versions only go up inside a response, and the per-token st
 the summary. With LoRA adapters served by vLLM too (each version replaces the last in place,
 under the adapter id the running requests hold), and only the adapters travel."""
 
-import json
 from pathlib import Path
 
 import pytest
 
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
-from zbrl.testing.runs import WARM_START_STEPS
+from zbrl.testing.runs import WARM_START_STEPS, check_rollout_versions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -48,16 +47,7 @@ def test_short_vllm_run_with_inflight_updates(tmp_path, run_cache, lora):
     summary = run_training(cfg)
     assert summary["steps"] == 8
     run_dir = Path(summary["run_dir"])
-    records = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
-    changes = [c for r in records for c in r["version_changes"]]
-    assert changes and all(c[0][0] == 0 for c in changes if c)
-    spanning = [c for c in changes if len(c) > 1]
-    assert spanning, "no response in the rollout log spans two versions"
-    for c in spanning:
-        versions = [v for _, v in c]
-        assert versions == sorted(versions) and len(set(versions)) == len(versions)
-    for r in records:
-        assert r["policy_version"] == min(c[0][1] for c in r["version_changes"] if c)
+    check_rollout_versions(run_dir)
     assert 0.0 < summary["mean_token_staleness"] <= summary["max_token_staleness"] <= 2
     sent = summary["weight_sync_bytes_per_version"]
     assert (sent < FULL_WEIGHTS_BYTES / 4) if lora else (sent == FULL_WEIGHTS_BYTES)

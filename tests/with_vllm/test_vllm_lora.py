@@ -15,7 +15,12 @@ from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
 from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
-from zbrl.testing.backends import random_lora_adapters, reference_logprobs, sampling, vllm_settings
+from zbrl.testing.backends import (
+    max_logprob_error,
+    random_lora_adapters,
+    sampling,
+    vllm_settings,
+)
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver
@@ -71,19 +76,6 @@ def merged(tiny_model_dir, adapters):
     return model
 
 
-def max_logprob_error(model, out, temperature):
-    return max(
-        float(
-            (c.logprobs - reference_logprobs(model, prompt, c.token_ids, temperature or 1.0))
-            .abs()
-            .max()
-        )
-        for prompt, group in zip(PROMPTS, out)
-        for c in group
-        if c.token_ids.numel()
-    )
-
-
 def publish_and_load(engine, version, adapters):
     """Through the trainer's publisher and the producer's receiver; returns the publish span's
     bytes."""
@@ -106,7 +98,7 @@ def publish_and_load(engine, version, adapters):
 def test_before_any_version_the_engine_serves_the_base(engine, tiny_model_dir):
     assert engine.lora_request is None
     out = engine.generate(PROMPTS, params())
-    assert max_logprob_error(base_model(tiny_model_dir), out, 1.0) < TOLERANCE
+    assert max_logprob_error(base_model(tiny_model_dir), PROMPTS, out, 1.0) < TOLERANCE
 
 
 def test_versions_are_served_as_the_merged_model_and_replace_each_other(engine, tiny_model_dir):
@@ -117,15 +109,15 @@ def test_versions_are_served_as_the_merged_model_and_replace_each_other(engine, 
     merged_v1 = merged(tiny_model_dir, v1)
     for temperature in (1.0, 0.0):  # sampled, and greedy (log-probs of the raw logits)
         out = engine.generate(PROMPTS, params(temperature=temperature))
-        assert max_logprob_error(merged_v1, out, temperature) < TOLERANCE
-        assert max_logprob_error(base, out, temperature) > 100 * TOLERANCE
+        assert max_logprob_error(merged_v1, PROMPTS, out, temperature or 1.0) < TOLERANCE
+        assert max_logprob_error(base, PROMPTS, out, temperature or 1.0) > 100 * TOLERANCE
 
     assert publish_and_load(engine, 2, v2) == ADAPTER_BYTES
     second = engine.lora_request
     assert second.lora_int_id == first.lora_int_id + 1 and second.lora_name != first.lora_name
     out = engine.generate(PROMPTS, params())
-    assert max_logprob_error(merged(tiny_model_dir, v2), out, 1.0) < TOLERANCE
-    assert max_logprob_error(merged_v1, out, 1.0) > 100 * TOLERANCE
+    assert max_logprob_error(merged(tiny_model_dir, v2), PROMPTS, out, 1.0) < TOLERANCE
+    assert max_logprob_error(merged_v1, PROMPTS, out, 1.0) > 100 * TOLERANCE
     # one version held: the old one left the engine; nothing stays on disk (vLLM has the
     # tensors in memory, and generated from them above)
     assert engine.llm.llm_engine.list_loras() == {second.lora_int_id}
@@ -157,7 +149,7 @@ def test_a_lora_checkpoint_is_served_on_its_base(tiny_model_dir, tmp_path):
     assert backend.lora_request is not None
     assert backend.llm.llm_engine.model_config.model == str(tiny_model_dir)
     out = backend.generate(PROMPTS, params())
-    assert max_logprob_error(merged(tiny_model_dir, adapters), out, 1.0) < TOLERANCE
+    assert max_logprob_error(merged(tiny_model_dir, adapters), PROMPTS, out, 1.0) < TOLERANCE
 
 
 def test_merged_mode_reloads_the_base_with_the_adapters_merged(tiny_model_dir):
@@ -180,5 +172,5 @@ def test_merged_mode_reloads_the_base_with_the_adapters_merged(tiny_model_dir):
     backend.load_weights(v2)  # merged from the unmerged base: v1 leaves no trace
     assert backend.lora_request is None
     out = backend.generate(PROMPTS, params())
-    assert max_logprob_error(merged(tiny_model_dir, v2), out, 1.0) < TOLERANCE
-    assert max_logprob_error(merged(tiny_model_dir, v1), out, 1.0) > 100 * TOLERANCE
+    assert max_logprob_error(merged(tiny_model_dir, v2), PROMPTS, out, 1.0) < TOLERANCE
+    assert max_logprob_error(merged(tiny_model_dir, v1), PROMPTS, out, 1.0) > 100 * TOLERANCE

@@ -1,5 +1,6 @@
 """Builders for the inference-backend tests and benches: sampling settings, a tiny vLLM engine's
-settings, the reference log-probs a backend is checked against, and random LoRA adapters."""
+settings, the reference log-probs a backend is checked against (and the largest error against
+them), and random LoRA adapters."""
 
 from __future__ import annotations
 
@@ -63,6 +64,22 @@ def reference_logprobs(
     p = len(prompt)
     steps = logits[p - 1 : p - 1 + response.numel()] / temperature
     return torch.log_softmax(steps, dim=-1).gather(1, response.view(-1, 1).cpu()).squeeze(1)
+
+
+def max_logprob_error(
+    model: Any, prompts: list[list[int]], groups: list[list[Any]], temperature: float
+) -> float:
+    """The largest ``|recorded - reference|`` log-prob over every token of every non-empty
+    completion in ``groups`` (one group of completions per prompt of ``prompts``), the reference
+    being :func:`reference_logprobs` of ``model``."""
+    return max(
+        float(
+            (c.logprobs - reference_logprobs(model, prompt, c.token_ids, temperature)).abs().max()
+        )
+        for prompt, group in zip(prompts, groups, strict=True)
+        for c in group
+        if c.token_ids.numel()
+    )
 
 
 def random_lora_adapters(
