@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
-from zbrl.assembly.models import build_engine, quiet_transformers
+from zbrl.assembly.models import build_engine
 from zbrl.config import load_config
+from zbrl.models.quiet import quiet_transformers
 from zbrl.models.tiny import create_embedded_model
 
 

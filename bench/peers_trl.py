@@ -64,16 +64,12 @@ class Shared:
 
     def __init__(self, cfg, cores: int) -> None:
         from zbrl.assembly.artifacts import prepare_artifacts
-        from zbrl.assembly.models import (
-            compute_dtype,
-            load_policy,
-            load_tokenizer,
-            quiet_transformers,
-        )
+        from zbrl.assembly.models import compute_dtype, load_policy, load_tokenizer
         from zbrl.assembly.rewards import build_reward_fn
         from zbrl.assembly.settings import eval_sampling_params
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
         from zbrl.launch.inputs import encode_datasets
+        from zbrl.models.quiet import quiet_transformers
         from zbrl.rollout.backends.transformers_backend import TransformersBackend
 
         quiet_transformers()

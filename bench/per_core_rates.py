@@ -27,9 +27,10 @@ import torch
 
 from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.assembly.datasets import encode_prompts
-from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer, quiet_transformers
+from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer
 from zbrl.assembly.settings import sampling_params
 from zbrl.config import load_config
+from zbrl.models.quiet import quiet_transformers
 from zbrl.testing.data_parallel import Case, make_groups
 
 REPO = Path(__file__).resolve().parents[1]

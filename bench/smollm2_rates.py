@@ -43,10 +43,10 @@ from zbrl.assembly.models import (
     build_engine,
     load_policy,
     load_tokenizer,
-    quiet_transformers,
 )
 from zbrl.assembly.settings import sampling_params, step_settings
 from zbrl.config import load_config
+from zbrl.models.quiet import quiet_transformers
 from zbrl.training.engine.precision import MASTER_DTYPE
 from zbrl.training.train_step import Trainer
 from zbrl.types import RolloutGroup

@@ -78,7 +78,7 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir
 
     if lora.is_adapter_dir(model_dir):  # a LoRA checkpoint: its base + its adapters
-        check_lora_checkpoint(cfg, model_dir)
+        check_lora_checkpoint(model_dir)
     elif not model_dir.is_dir() or not (model_dir / "config.json").is_file():
         why = "no config.json" if model_dir.is_dir() else "it does not exist"
         raise RunError(
@@ -95,10 +95,10 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
             check_readable_file(path, f"--data {name}")
 
 
-def check_lora_checkpoint(cfg: RunConfig, adapter_dir: Path) -> None:
+def check_lora_checkpoint(adapter_dir: Path) -> None:
     """``zbrl eval --model`` of a LoRA checkpoint: the base model it names is there. peft is not
-    needed: the transformers backend merges the adapters itself (:class:`zbrl.models.lora.
-    AdapterMerger`) and vLLM reads the adapter directory."""
+    needed, and either backend takes it: the transformers backend merges the adapters itself
+    (:class:`zbrl.models.lora.AdapterMerger`) and vLLM reads the adapter directory."""
     from zbrl.models import lora
     from zbrl.models.sources import check_model_dir
 

@@ -12,7 +12,6 @@ from zbrl.assembly.model_source import load_tokenizer
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-from zbrl.models.quiet import quiet_transformers  # noqa: F401 (used through here)
 
 
 def device_of(cfg: RunConfig) -> torch.device:

@@ -45,10 +45,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from zbrl.assembly.datasets import encode_prompts, eval_ref
     from zbrl.assembly.environments import build_episode_runner
     from zbrl.assembly.input_checks import check_eval_inputs
-    from zbrl.assembly.models import build_backend, load_tokenizer, quiet_transformers
+    from zbrl.assembly.models import build_backend, load_tokenizer
     from zbrl.assembly.rewards import build_eval_reward_fn
     from zbrl.assembly.settings import eval_sampling_params
     from zbrl.evaluation.evaluator import EvalSet, evaluate_set
+    from zbrl.models.quiet import quiet_transformers
 
     quiet_transformers()
     model_dir = Path(args.model)

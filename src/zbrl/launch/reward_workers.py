@@ -30,8 +30,8 @@ class RewardModelWorker:
     def __init__(self, cfg_data: dict[str, Any], index: int) -> None:
         import torch
 
-        from zbrl.assembly.models import quiet_transformers
         from zbrl.assembly.rewards import reward_model_scorer
+        from zbrl.models.quiet import quiet_transformers
 
         cfg = RunConfig.model_validate(cfg_data)
         quiet_transformers()

@@ -25,7 +25,6 @@ from zbrl.assembly.models import (
     build_trainer,
     compute_dtype,
     load_tokenizer,
-    quiet_transformers,
 )
 from zbrl.assembly.rewards import build_eval_reward_fn, build_reward_fn
 from zbrl.assembly.settings import (
@@ -38,6 +37,7 @@ from zbrl.config import RunConfig
 from zbrl.config.transport import ObjectStoreSync
 from zbrl.launch.placement import describe_process, node_address
 from zbrl.launch.reward_workers import reward_scorer
+from zbrl.models.quiet import quiet_transformers
 from zbrl.rewards.base import prepare_reward
 from zbrl.telemetry.spans import STARTUP, SpanRecorder
 from zbrl.training.consumer import ThreadLending

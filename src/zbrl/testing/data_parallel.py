@@ -135,7 +135,7 @@ def _checkpoint_and_resume(case: Case, cfg: Any, model_dir: Path, trainer: Any, 
 
 
 def _rank_main(rank: int, world_size: int, port: int, engine_type: str, cases, model_dir, out):
-    from zbrl.assembly.models import quiet_transformers
+    from zbrl.models.quiet import quiet_transformers
     from zbrl.training.distributed import GroupSpec, join_group, leave_group
 
     quiet_transformers()
