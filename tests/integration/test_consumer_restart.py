@@ -12,15 +12,11 @@ from pathlib import Path
 import pytest
 
 from zbrl.testing.cli_process import finish, start, tiny_run, uid_log, wait_for_steps
-from zbrl.testing.procs import descendants, process_name
+from zbrl.testing.procs import processes_named
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
-
-
-def consumer_pids(root: int) -> list[int]:
-    return sorted(p for p in descendants(root) if process_name(p).startswith("ray::ConsumerWorker"))
 
 
 def run_and_kill_a_consumer(tmp_path: Path, run_cache: Path, steps: int, kill_at: int, *extra: str):
@@ -29,7 +25,7 @@ def run_and_kill_a_consumer(tmp_path: Path, run_cache: Path, steps: int, kill_at
     proc, stderr = start(tmp_path, "run", "train", str(DEMO), *args)
     try:
         wait_for_steps(proc, stderr, run_dir, kill_at)
-        pids = consumer_pids(proc.pid)
+        pids = processes_named(proc.pid, "ray::ConsumerWorker")
         assert pids, "no consumer process in the run's tree"
         os.kill(pids[-1], signal.SIGKILL)
     finally:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from zbrl.testing.procs import descendants, kill_tree, process_name
+from zbrl.testing.procs import kill_tree, processes_named
 from zbrl.testing.runs import WARM_START_STEPS
 
 BOUND_S = 300.0
@@ -99,7 +99,7 @@ def signal_stop(proc: subprocess.Popen, stderr: Path, sig: int) -> None:
 def consumers_held(root: int) -> Iterator[list[int]]:
     """SIGSTOP the run's consumer processes (``ray::ConsumerWorker``) below ``root`` for the
     block and SIGCONT them when it ends, however it ends; yields their pids."""
-    pids = sorted(p for p in descendants(root) if process_name(p).startswith("ray::ConsumerWorker"))
+    pids = processes_named(root, "ray::ConsumerWorker")
     assert pids, "no consumer process in the run's tree"
     held: list[int] = []
     try:

@@ -123,12 +123,16 @@ def listeners_of(root: int) -> set[tuple[str, str, int]]:
     return seen
 
 
+def processes_named(root: int, name: str) -> list[int]:
+    """The pids of root's tree whose :func:`process_name` starts with ``name``, in order."""
+    return sorted(pid for pid in descendants(root) if process_name(pid).startswith(name))
+
+
 def find_process(root: int, name: str) -> int | None:
-    """The pid of a process of root's tree whose :func:`process_name` starts with ``name``."""
-    for pid in sorted(descendants(root)):
-        if process_name(pid).startswith(name):
-            return pid
-    return None
+    """The pid of a process of root's tree whose :func:`process_name` starts with ``name`` (the
+    lowest, when several do)."""
+    pids = processes_named(root, name)
+    return pids[0] if pids else None
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
