@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.telemetry.spans import LOAD_WEIGHTS, SpanRecorder
-from zbrl.testing.backends import max_logprob_error, vllm_settings
+from zbrl.testing.backends import check_finish, max_logprob_error, vllm_settings
 from zbrl.testing.backends import sampling as params
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
@@ -46,19 +46,12 @@ def test_shapes_and_finish_reasons(engine, tiny_model_dir):
     p = params(n=4, max_new_tokens=12)
     out = engine.generate(PROMPTS, p)
     assert [len(group) for group in out] == [4, 4, 4]
-    eos = tokenizer.eos_token_id
     for group in out:
         for c in group:
             assert c.token_ids.dtype == torch.int64 and c.token_ids.dim() == 1
             assert c.logprobs.dtype == torch.float32 and c.logprobs.shape == c.token_ids.shape
             assert (c.logprobs <= 0).all()
-            ids = c.token_ids.tolist()
-            assert 1 <= len(ids) <= 12 and eos not in ids[:-1]
-            if c.finish_reason == "length":
-                assert len(ids) == 12 and eos not in ids
-            else:
-                assert c.finish_reason == "stop" and ids[-1] == eos
-            assert c.text == tokenizer.decode(ids, skip_special_tokens=True)
+            check_finish(c, tokenizer, 12)
     assert engine.generate([], p) == []
 
 

@@ -10,7 +10,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.rollout.backends.base import InflightSwap
-from zbrl.testing.backends import random_lora_adapters, reference_logprobs, vllm_settings
+from zbrl.testing.backends import (
+    check_finish,
+    random_lora_adapters,
+    reference_logprobs,
+    vllm_settings,
+)
 from zbrl.testing.backends import sampling as params
 
 pytestmark = pytest.mark.vllm
@@ -93,19 +98,12 @@ def test_without_a_new_version_samples_have_the_engines_shapes_and_logprobs(
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     out = engine.generate(PROMPTS, params(n=4, temperature=0.7), inflight=fixed(0))
     assert [len(group) for group in out] == [4, 4, 4]
-    eos = tokenizer.eos_token_id
     for i, c in enumerate(flat(out)):
-        ids = c.token_ids.tolist()
         assert c.token_ids.dtype == c.versions.dtype == torch.int64
         assert c.logprobs.dtype == torch.float32
         assert c.logprobs.shape == c.versions.shape == c.token_ids.shape
-        assert 1 <= len(ids) <= 12 and eos not in ids[:-1]
-        if c.finish_reason == "length":
-            assert len(ids) == 12 and eos not in ids
-        else:
-            assert c.finish_reason == "stop" and ids[-1] == eos
-        assert c.text == tokenizer.decode(ids, skip_special_tokens=True)
-        assert c.versions.tolist() == [0] * len(ids)
+        check_finish(c, tokenizer, 12)
+        assert c.versions.tolist() == [0] * c.token_ids.numel()
         ref = reference_logprobs(old_model, prompt_of(i, 4), c.token_ids, 0.7)
         assert float((c.logprobs - ref).abs().max()) < TOLERANCE
     assert engine.generate([], params(), inflight=fixed(0)) == []

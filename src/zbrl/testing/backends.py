@@ -82,6 +82,21 @@ def max_logprob_error(
     )
 
 
+def check_finish(completion: Any, tokenizer: Any, max_new_tokens: int) -> None:
+    """AssertionError unless ``completion`` (sampled without stop strings) ends as the engine
+    must end it: 1 to ``max_new_tokens`` tokens, nothing after the first EOS, ``length`` at
+    exactly ``max_new_tokens`` tokens without EOS or else ``stop`` on an EOS, and the text its
+    tokens decoded without special tokens."""
+    ids = completion.token_ids.tolist()
+    eos = tokenizer.eos_token_id
+    assert 1 <= len(ids) <= max_new_tokens and eos not in ids[:-1]
+    if completion.finish_reason == "length":
+        assert len(ids) == max_new_tokens and eos not in ids
+    else:
+        assert completion.finish_reason == "stop" and ids[-1] == eos
+    assert completion.text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def random_lora_adapters(
     model: Any, rank: int, seed: int, targets: Iterable[str]
 ) -> dict[str, torch.Tensor]:
