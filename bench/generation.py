@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# tests/helpers: the test harness this bench reuses (vllm_settings)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 MODELS = {
     "embedded": {"hidden_size": 128, "num_layers": 2, "num_heads": 4},
     "embedded-34m": {"hidden_size": 512, "num_layers": 8, "num_heads": 8},
@@ -56,8 +59,8 @@ def build_backend(model_dir: str, backend: str):
     import torch
 
     if backend == "vllm":
+        from helpers.backends import vllm_settings
         from zbrl.rollout.backends.vllm_backend import VllmBackend
-        from zbrl.testing.backends import vllm_settings
 
         settings = vllm_settings(max_model_len=256)
         return VllmBackend(model_dir, model_dir, settings)

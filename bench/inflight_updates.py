@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +51,8 @@ from zbrl.config import load_config
 from zbrl.launch.driver import run_training
 
 REPO = Path(__file__).resolve().parents[1]
+# tests/helpers: the test harness this bench reuses (vllm_settings)
+sys.path.insert(0, str(REPO / "tests"))
 MODES = ("batch", "inflight", "keep")
 FIGURES = (
     ("token staleness", "mean_token_staleness", "{:>15.2f}"),
@@ -131,8 +134,8 @@ def overhead_backend(name: str, model_dir: str):
 
     torch.set_num_threads(1)
     if name == "vllm":
+        from helpers.backends import vllm_settings
         from zbrl.rollout.backends.vllm_backend import VllmBackend
-        from zbrl.testing.backends import vllm_settings
 
         settings = vllm_settings(max_model_len=None, inflight_updates=True)
         return VllmBackend(model_dir, model_dir, settings)

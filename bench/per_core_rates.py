@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -31,12 +32,15 @@ from zbrl.assembly.models import build_backend, build_trainer, load_tokenizer
 from zbrl.assembly.settings import sampling_params
 from zbrl.config import load_config
 from zbrl.models.quiet import quiet_transformers
-from zbrl.testing.data_parallel import Case, make_groups
 
 REPO = Path(__file__).resolve().parents[1]
+# tests/helpers: the test harness this bench reuses (random rollout groups)
+sys.path.insert(0, str(REPO / "tests"))
 
 
 def main() -> None:
+    from helpers.data_parallel import Case, make_groups
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default=str(REPO / "recipes" / "demo.yaml"))
     p.add_argument("--prompts", type=int, default=8)

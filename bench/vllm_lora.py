@@ -21,9 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+# tests/helpers: the test harness this bench reuses (vllm_settings)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 MODELS = {
     "embedded": {"hidden_size": 128, "num_layers": 2, "num_heads": 4},
@@ -50,8 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine(model_dir: Path, lora, gpu_memory_utilization: float):
+    from helpers.backends import vllm_settings
     from zbrl.rollout.backends.vllm_backend import VllmBackend
-    from zbrl.testing.backends import vllm_settings
 
     settings = vllm_settings(max_model_len=256, gpu_memory_utilization=gpu_memory_utilization)
     return VllmBackend(model_dir, model_dir, settings, lora=lora)

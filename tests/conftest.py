@@ -66,6 +66,6 @@ def task_files(tmp_path_factory):
 def run_cache(tmp_path_factory) -> Path:
     """The ``logging.cache_dir`` shared by the tests' runs (in this process or a subprocess): the
     first run builds the synthetic task and the warm start there, the others reuse them (runs
-    with ``model.warm_start.steps`` = ``zbrl.testing.runs.WARM_START_STEPS`` and seed 0 share
+    with ``model.warm_start.steps`` = ``helpers.runs.WARM_START_STEPS`` and seed 0 share
     one warm start). A test that needs a cold cache makes its own."""
     return tmp_path_factory.mktemp("run-cache")

@@ -1,6 +1,6 @@
 """The CUDA weight handoff across two processes on one GPU (``transport.weight_sync.type=
 cuda_ipc``): this process publishes float32 master weights on ``cuda:0`` cast to bfloat16; a
-spawned process (:func:`zbrl.testing.handoff.receive_versions`, a ``CudaIpcReceiver`` named
+spawned process (:func:`helpers.handoff.receive_versions`, a ``CudaIpcReceiver`` named
 ``producer-0``) maps the shared buffers, loads every version it takes into its own bfloat16
 tensors and sends their bytes back. Checked: the route is CUDA IPC, every loaded version equals the
 published one bit for bit (no torn version while the publisher writes the next into the other
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from zbrl.testing.handoff import check_loaded, hand_off
+from helpers.handoff import check_loaded, hand_off
 
 pytestmark = pytest.mark.gpu
 

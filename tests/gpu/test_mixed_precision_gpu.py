@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.data_parallel import Case, full_grads, make_groups
 from zbrl.assembly.models import build_engine
 from zbrl.assembly.settings import step_settings
 from zbrl.config import load_config
-from zbrl.testing.data_parallel import Case, full_grads, make_groups
 from zbrl.training.model_inputs import ModelInputs
 from zbrl.training.train_step import Trainer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from zbrl.testing.backends import max_logprob_error, sampling, vllm_settings
+from helpers.backends import max_logprob_error, sampling, vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 

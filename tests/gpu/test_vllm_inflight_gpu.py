@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.backends import vllm_settings
 from zbrl.rollout.backends.base import InflightSwap, SamplingParams
-from zbrl.testing.backends import vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 

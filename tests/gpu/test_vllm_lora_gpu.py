@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.backends import max_logprob_error, random_lora_adapters, sampling, vllm_settings
 from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
 from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
-from zbrl.testing.backends import max_logprob_error, random_lora_adapters, sampling, vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zbrl.testing.runs import WARM_START_STEPS
+from helpers.runs import WARM_START_STEPS
 
 
 def endless_tiny_run(run_dir: Path, cache_dir: Path) -> list[str]:

@@ -5,7 +5,7 @@ Run as a script: it starts a head node and ``--workers`` worker nodes (``--cpus`
 "workers": [node ids]}``, then reads commands from stdin: ``remove NODE_ID`` kills that node's
 processes (as if the machine went away) and answers ``removed NODE_ID``; end of input shuts the
 cluster down. Tests start it with ``start_new_session=True`` and end it with
-:func:`zbrl.testing.procs.kill_tree`, so no Ray process outlives them.
+:func:`helpers.procs.kill_tree`, so no Ray process outlives them.
 """
 
 from __future__ import annotations

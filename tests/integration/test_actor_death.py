@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from endless_run import endless_tiny_run
 
-from zbrl.testing.procs import find_process, kill_tree
+from helpers.procs import find_process, kill_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.testing.cli_process import finish, start, tiny_run, uid_log, wait_for_steps
-from zbrl.testing.procs import processes_named
+from helpers.cli_process import finish, start, tiny_run, uid_log, wait_for_steps
+from helpers.procs import processes_named
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.runs import WARM_START_STEPS
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
-from zbrl.testing.runs import WARM_START_STEPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.testing.cli_process import finish, start, tiny_run, wait_for_steps
-from zbrl.testing.procs import descendants, process_name, survivors
+from helpers.cli_process import finish, start, tiny_run, wait_for_steps
+from helpers.procs import descendants, process_name, survivors
 from zbrl.training.checkpoint import find_latest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

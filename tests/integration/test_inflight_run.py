@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.runs import WARM_START_STEPS, check_rollout_versions
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
-from zbrl.testing.runs import WARM_START_STEPS, check_rollout_versions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from endless_run import endless_tiny_run
 
-from zbrl.testing.procs import is_loopback, kill_tree, listeners_of
+from helpers.procs import is_loopback, kill_tree, listeners_of
 
 pytestmark = pytest.mark.integration
 

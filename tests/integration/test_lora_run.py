@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.testing.cli_process import finish, start, tiny_run
+from helpers.cli_process import finish, start, tiny_run
 
 pytest.importorskip("peft")
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

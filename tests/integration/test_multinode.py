@@ -19,9 +19,9 @@ import torch
 from endless_run import endless_tiny_run
 from transformers import AutoModelForCausalLM
 
+from helpers.procs import descendants, kill_tree, process_name
 from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
-from zbrl.testing.procs import descendants, kill_tree, process_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.runs import WARM_START_STEPS
 from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
 from zbrl.errors import RunError
 from zbrl.launch.driver import run_training
-from zbrl.testing.runs import WARM_START_STEPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.testing.cli_process import (
+from helpers.cli_process import (
     finish,
     signal_stop,
     start,

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zbrl.testing.cli_process import finish, signal_stop, start, tiny_run, uid_log, wait_for_steps
-from zbrl.testing.procs import descendants, find_process, kill_tree, survivors
+from helpers.cli_process import finish, signal_stop, start, tiny_run, uid_log, wait_for_steps
+from helpers.procs import descendants, find_process, kill_tree, survivors
 from zbrl.training.checkpoint import find_latest, load_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

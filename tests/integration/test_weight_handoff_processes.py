@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from zbrl.testing.handoff import check_loaded, hand_off
+from helpers.handoff import check_loaded, hand_off
 
 pytestmark = pytest.mark.slow
 

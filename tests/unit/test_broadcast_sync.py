@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from zbrl.testing.procs import is_loopback, listeners_of
+from helpers.procs import is_loopback, listeners_of
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.broadcast import (

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.data_parallel import Case, run_case, run_distributed
 from zbrl.algorithms.aggregation import AGGREGATION_MODES
-from zbrl.testing.data_parallel import Case, run_case, run_distributed
 
 pytestmark = pytest.mark.multiprocess
 

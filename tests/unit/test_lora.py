@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.data_parallel import Case, make_groups
 from zbrl.assembly.models import build_backend, build_engine
 from zbrl.assembly.settings import step_settings
 from zbrl.config import load_config
 from zbrl.config.loader import ConfigError
 from zbrl.errors import RunError
 from zbrl.models.lora import AdapterMerger, is_adapter_dir
-from zbrl.testing.data_parallel import Case, make_groups
 from zbrl.training.checkpoint import TRAINER_FILE, load_state, save_checkpoint
 from zbrl.training.train_step import Trainer
 from zbrl.transport.clients import WeightStoreClient

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zbrl.testing.data_parallel import Case, run_case, run_distributed
+from helpers.data_parallel import Case, run_case, run_distributed
 
 pytest.importorskip("peft")
 # two spawned ranks cost ~15 s idle, ~50 s at load 10: the slow tier (make test-slow)

@@ -20,11 +20,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from helpers.data_parallel import Case, make_groups, run_case
 from zbrl.assembly.models import build_backend, build_engine
 from zbrl.assembly.settings import step_settings
 from zbrl.config import load_config
 from zbrl.config.loader import ConfigError
-from zbrl.testing.data_parallel import Case, make_groups, run_case
 from zbrl.training.checkpoint import TRAINER_FILE, load_state, save_checkpoint
 from zbrl.training.engine.single import SingleProcessEngine
 from zbrl.training.train_step import Trainer

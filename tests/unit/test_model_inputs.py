@@ -115,8 +115,8 @@ def test_trainer_steps_match_between_layouts(tiny_model_dir):
     optimizer with the same gradients and reports the same metrics in either layout."""
     from role_settings import run_config
 
+    from helpers.data_parallel import Case, full_grads, make_groups
     from zbrl.assembly.models import build_trainer
-    from zbrl.testing.data_parallel import Case, full_grads, make_groups
 
     results = []
     for shared in ("false", "true"):

@@ -6,8 +6,8 @@ import torch
 from role_settings import sampling_params
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from helpers.backends import reference_logprobs
 from zbrl.rollout.backends.transformers_backend import TransformersBackend
-from zbrl.testing.backends import reference_logprobs
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
 

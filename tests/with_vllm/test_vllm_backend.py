@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from helpers.backends import check_finish, max_logprob_error, vllm_settings
+from helpers.backends import sampling as params
 from zbrl.telemetry.spans import LOAD_WEIGHTS, SpanRecorder
-from zbrl.testing.backends import check_finish, max_logprob_error, vllm_settings
-from zbrl.testing.backends import sampling as params
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import (

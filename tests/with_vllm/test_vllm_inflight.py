@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zbrl.rollout.backends.base import InflightSwap
-from zbrl.testing.backends import (
+from helpers.backends import (
     check_finish,
     random_lora_adapters,
     reference_logprobs,
     vllm_settings,
 )
-from zbrl.testing.backends import sampling as params
+from helpers.backends import sampling as params
+from zbrl.rollout.backends.base import InflightSwap
 
 pytestmark = pytest.mark.vllm
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.runs import WARM_START_STEPS, check_rollout_versions
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
-from zbrl.testing.runs import WARM_START_STEPS, check_rollout_versions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 

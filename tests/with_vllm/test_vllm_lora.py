@@ -11,16 +11,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from zbrl.config.model import LLAMA_LINEAR_LAYERS
-from zbrl.models.lora import AdapterMerger
-from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
-from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
-from zbrl.testing.backends import (
+from helpers.backends import (
     max_logprob_error,
     random_lora_adapters,
     sampling,
     vllm_settings,
 )
+from zbrl.config.model import LLAMA_LINEAR_LAYERS
+from zbrl.models.lora import AdapterMerger
+from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
+from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
 from zbrl.transport.weight_sync.object_store import ObjectStorePublisher, ObjectStoreReceiver

@@ -54,7 +54,7 @@ def test_a_lora_run_on_vllm_resumes_from_its_adapters(tmp_path, run_cache):
     """``zbrl resume`` of a LoRA run on vLLM: the producer's engine starts on the base the
     checkpoint names and serves the checkpoint's adapters, then the run goes on (merged mode,
     which takes the same path through build_vllm_backend)."""
-    from zbrl.testing.cli_process import finish, start, tiny_run
+    from helpers.cli_process import finish, start, tiny_run
 
     run_dir = tmp_path / "run"
     args = [

@@ -1,6 +1,6 @@
 """Driving ``zbrl`` as a user does, for the slow end-to-end tests: in a subprocess with its own
 session (so a signal sent to its process group reaches only the run), every wait bounded, and
-everything it started killed however the test ends (:func:`zbrl.testing.procs.kill_tree`)."""
+everything it started killed however the test ends (:func:`helpers.procs.kill_tree`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from zbrl.testing.procs import kill_tree, processes_named
-from zbrl.testing.runs import WARM_START_STEPS
+from helpers.procs import kill_tree, processes_named
+from helpers.runs import WARM_START_STEPS
 
 BOUND_S = 300.0
 """Longest wait for any one thing (a run's start, its steps, its end)."""
