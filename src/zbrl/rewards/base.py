@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from zbrl.rewards.answers import GT_ANSWER, AnswerSpec
 
@@ -82,6 +82,14 @@ Example = Mapping[str, Any]
 ``fields``: every other column of the row by name (see docs/datasets.md)."""
 
 
+class RewardBatch(NamedTuple):
+    """A batch to score: one example and one context per response, in order."""
+
+    responses: Sequence[str]
+    examples: Sequence[Example]
+    contexts: Sequence[RewardContext]
+
+
 @runtime_checkable
 class RewardFunction(Protocol):
     """A reward: scores one response, and a batch (the default loops over ``score``)."""
@@ -99,7 +107,12 @@ class RewardFunction(Protocol):
 
 
 class BaseReward:
-    """Convenience base class: subclasses implement ``score``; ``score_batch`` loops."""
+    """The batch-first base of rewards: a subclass writes only its scoring.
+
+    A reward that scores a batch at once (one round trip to a worker, a sandbox or a model)
+    implements :meth:`score_responses`, which gets a non-empty :class:`RewardBatch`;
+    :meth:`score` is then a batch of one. A reward that scores one response at a time implements
+    :meth:`score` instead, and :meth:`score_responses` loops over it."""
 
     name: str = "base"
     answer: AnswerSpec = GT_ANSWER
@@ -108,7 +121,7 @@ class BaseReward:
     """The default system prompt telling the model the format this reward checks (None: none)."""
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        raise NotImplementedError
+        return self.score_batch([response], [example], [ctx])[0]
 
     def score_batch(
         self,
@@ -116,8 +129,20 @@ class BaseReward:
         examples: Sequence[Example],
         contexts: Sequence[RewardContext],
     ) -> list[RewardResult]:
+        """One result per response, in order (none for an empty batch)."""
         check_batch_lengths(responses, examples, contexts)
-        return [self.score(r, e, c) for r, e, c in zip(responses, examples, contexts)]
+        if not responses:
+            return []
+        return self.score_responses(RewardBatch(responses, examples, contexts))
+
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        """The scoring of a non-empty batch whose lengths are checked (the default loops over
+        :meth:`score`, for rewards that implement that instead)."""
+        if type(self).score is BaseReward.score:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither score_responses nor score"
+            )
+        return [self.score(r, e, c) for r, e, c in zip(*batch)]
 
     def prepare(self) -> None:
         """Start, in the background, what the first ``score_batch`` would otherwise wait for

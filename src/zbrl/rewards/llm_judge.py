@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -21,10 +21,9 @@ from typing import Any
 from zbrl.rewards.base import (
     BaseReward,
     Example,
-    RewardContext,
+    RewardBatch,
     RewardFunction,
     RewardResult,
-    check_batch_lengths,
     learned_results,
 )
 from zbrl.rewards.extraction import last_number
@@ -128,18 +127,8 @@ class JudgeReward(BaseReward):
             return_dict=False,
         )  # fmt: skip
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
-        if not responses:
-            return []
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        responses, examples, contexts = batch
         prompts = [self.judge_prompt(r, e) for r, e in zip(responses, examples)]
         replies = self._replies(prompts)
         checked = (

@@ -4,19 +4,19 @@ only in how they extract the answer."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent_many, check_gold
 from zbrl.rewards.base import (
     BaseReward,
     Example,
+    RewardBatch,
     RewardContext,
     RewardResult,
-    check_batch_lengths,
 )
 from zbrl.rewards.deadline import default_pool
-from zbrl.rewards.length import LengthShaping, as_length_shaping
+from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 
 # --------------------------------------------------------------------------------------------
 # The shared scoring rule of the math rewards
@@ -93,17 +93,9 @@ class MathAnswerReward(BaseReward):
             )
         return check_gold(example[self.answer_field], field=self.answer_field)
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
         """Every answer check of the batch in one round trip to the deadline worker."""
-        check_batch_lengths(responses, examples, contexts)
+        responses, examples, contexts = batch
         golds = [self.gold(example) for example in examples]
         extracted = [self.extract(response) for response in responses]
         checked = [
@@ -131,10 +123,8 @@ class MathAnswerReward(BaseReward):
         reward = self.correct_reward if correct else self.wrong_reward
         if format_valid:
             reward += self.format_reward
-        penalty = 0.0
-        if self.length_shaping is not None and not ctx.eval_mode:
-            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
-            reward += penalty
+        penalty = training_penalty(self.length_shaping, ctx)
+        reward += penalty
         if correct:
             reason = "correct"
         elif answer is None:

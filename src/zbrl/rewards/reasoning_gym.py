@@ -25,10 +25,9 @@ from typing import Any
 from zbrl.rewards.answers import GT_ANSWER
 from zbrl.rewards.base import (
     BaseReward,
-    Example,
+    RewardBatch,
     RewardContext,
     RewardResult,
-    check_batch_lengths,
 )
 from zbrl.rewards.deadline import (
     DEFAULT_TIMEOUT_S,
@@ -37,7 +36,7 @@ from zbrl.rewards.deadline import (
     Failed,
 )
 from zbrl.rewards.extraction import EXTRACTION_PROMPTS, EXTRACTIONS, extract_answer
-from zbrl.rewards.length import LengthShaping, as_length_shaping
+from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 from zbrl.rewards.registry import register_reward
 
 logger = logging.getLogger(__name__)
@@ -125,16 +124,8 @@ class ReasoningGymReward(BaseReward):
         self.timeouts = 0
         self._pool: DeadlinePool | None = None
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        responses, examples, contexts = batch
         entries = [entry_of(example) for example in examples]
         answers = [extract_answer(response, self.extract) for response in responses]
         calls = [(a, e, self.tasks_json) for a, e in zip(answers, entries) if a is not None]
@@ -178,11 +169,8 @@ class ReasoningGymReward(BaseReward):
             score = float(outcome) if math.isfinite(float(outcome)) else 0.0
             score = min(max(score, 0.0), 1.0)
             reason = "correct" if score >= 1.0 else "partial" if score > 0 else "wrong_answer"
-        reward = self.wrong_reward + (self.correct_reward - self.wrong_reward) * score
-        penalty = 0.0
-        if self.length_shaping is not None and not ctx.eval_mode:
-            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
-            reward += penalty
+        penalty = training_penalty(self.length_shaping, ctx)
+        reward = self.wrong_reward + (self.correct_reward - self.wrong_reward) * score + penalty
         return RewardResult(
             reward=reward,
             format_acc=1.0 if answer is not None else 0.0,

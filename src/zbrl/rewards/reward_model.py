@@ -26,10 +26,9 @@ from typing import Any, Literal, Protocol
 from zbrl.rewards.base import (
     BaseReward,
     Example,
-    RewardContext,
+    RewardBatch,
     RewardFunction,
     RewardResult,
-    check_batch_lengths,
     learned_results,
 )
 from zbrl.rewards.registry import build_reward, register_reward
@@ -149,18 +148,8 @@ class ClassifierReward(BaseReward):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="reward-model")
         self._lock = threading.Lock()
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
-        if not responses:
-            return []
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        responses, examples, contexts = batch
         prompts = [list(_messages(e)) for e in examples]
         scores = self._scores(prompts, list(responses))
         checked = (
