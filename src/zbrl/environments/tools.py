@@ -72,7 +72,7 @@ class SandboxedPython:
         self.timeout_s, self.memory_mb, self.backend = timeout_s, memory_mb, backend
 
     def call(self, arguments: dict[str, Any]) -> str:
-        from zbrl.rewards.sandbox import SandboxLimits, run_python
+        from zbrl.sandbox import SandboxLimits, run_python
 
         code = _string_argument(arguments, self.argument)
         limits = SandboxLimits(

@@ -4,7 +4,7 @@ The program is the text after the last ```` ```python ```` fence up to the next 
 A response without a closed fence has invalid format; its whole text (or, for an unclosed fence,
 everything after it) is still run, so that ``ans_acc`` is measured, but in training the reward is
 only given to well-formatted responses. Programs run in the local sandbox
-(:mod:`zbrl.rewards.sandbox`: bubblewrap namespaces when they work here, else rlimits; see
+(:mod:`zbrl.sandbox`: bubblewrap namespaces when they work here, else rlimits; see
 ``docs/sandbox.md``), many at a time in ``score_batch``.
 
 ``test_cases`` (an object or a JSON string of one, as in ``docs/datasets.md``)::
@@ -33,7 +33,7 @@ from zbrl.rewards.base import (
 )
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 from zbrl.rewards.registry import register_reward
-from zbrl.rewards.sandbox import (
+from zbrl.sandbox import (
     ProgramResult,
     SandboxLimits,
     TestCase,
