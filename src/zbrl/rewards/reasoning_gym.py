@@ -4,7 +4,8 @@
 The answer is taken from the response by the ``extract`` setting (:mod:`zbrl.rewards.extraction`:
 ``full``, ``last_number``, ``answer_tags``, ``boxed``); the entry is rebuilt from the example
 (:func:`entry_of`). The scorer is the task built with the same
-config as the data source (``tasks``), or, without ``tasks``, the task's default scorer.
+config as the data source (``tasks``, :mod:`zbrl.rewards.reasoning_gym_tasks`), or, without
+``tasks``, the task's default scorer.
 
 Score: ``wrong_reward + (correct_reward - wrong_reward) * s`` for the task's score ``s`` in [0, 1]
 (some tasks give partial credit), plus the length penalty in training; ``ans_acc`` is ``s`` and
@@ -37,6 +38,7 @@ from zbrl.rewards.deadline import (
 )
 from zbrl.rewards.extraction import EXTRACTION_PROMPTS, EXTRACTIONS, extract_answer
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
+from zbrl.rewards.reasoning_gym_tasks import TaskSpec, create_dataset
 from zbrl.rewards.registry import register_reward
 
 logger = logging.getLogger(__name__)
@@ -73,10 +75,8 @@ def score_entry(answer: str, entry: dict[str, Any], tasks_json: str | None) -> f
                     answer, entry
                 )
             )
-        from zbrl.data.reasoning_gym_source import TaskSpec, build_dataset
-
         tasks = [TaskSpec(**t) for t in json.loads(tasks_json)]
-        scorer = _SCORERS[tasks_json] = build_dataset(tasks, size=1, seed=0).score_answer
+        scorer = _SCORERS[tasks_json] = create_dataset(tasks, size=1, seed=0).score_answer
     return float(scorer(answer, entry))
 
 
