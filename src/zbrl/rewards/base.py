@@ -47,36 +47,6 @@ class RewardResult:
     a failure and is counted in the ``reward_timeouts`` metric."""
 
 
-def learned_results(
-    scores: Sequence[float | None],
-    checked: Sequence[RewardResult] | None,
-    failure_reward: float,
-    metadata: Sequence[dict[str, Any]],
-) -> list[RewardResult]:
-    """The results of a learned reward (a reward model's or a judge's score per response; None
-    where it gave none). The score is the reward. A verifier's results (``checked``) set the
-    format and answer accuracy and ``parsed``; without one the format counts as met and the
-    accuracy is the score clipped to [0, 1]. A response without a score gets ``failure_reward``
-    and is marked timed out, keeping the verifier's accuracies (0 without a verifier)."""
-    results = []
-    for i, value in enumerate(scores):
-        c = checked[i] if checked is not None else None
-        if value is None:
-            fmt, acc = (c.format_acc, c.ans_acc) if c is not None else (0.0, 0.0)
-            results.append(
-                RewardResult(failure_reward, fmt, acc, metadata=metadata[i], timed_out=True)
-            )
-        elif c is not None:
-            results.append(
-                RewardResult(value, c.format_acc, c.ans_acc, parsed=c.parsed, metadata=metadata[i])
-            )
-        else:
-            results.append(
-                RewardResult(value, 1.0, min(max(value, 0.0), 1.0), metadata=metadata[i])
-            )
-    return results
-
-
 Example = Mapping[str, Any]
 """One dataset row: ``messages`` plus ``gt_answer`` (math) or ``test_cases`` (code), and
 ``fields``: every other column of the row by name (see docs/datasets.md)."""

@@ -24,22 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from zbrl.rewards.answers import TEST_CASES, AnswerError
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardBatch,
-    RewardContext,
-    RewardResult,
-)
+from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardContext, RewardResult
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 from zbrl.rewards.registry import register_reward
-from zbrl.sandbox import (
-    ProgramResult,
-    SandboxLimits,
-    TestCase,
-    check_backend,
-    run_programs,
-)
+from zbrl.sandbox import ProgramResult, SandboxLimits, TestCase, check_backend, run_programs
 
 FENCE = "```python"
 CLOSE = "```"

@@ -13,13 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from zbrl.rewards.base import (
-    BaseReward,
-    RewardBatch,
-    RewardFunction,
-    RewardResult,
-    prepare_reward,
-)
+from zbrl.rewards.base import BaseReward, RewardBatch, RewardFunction, RewardResult, prepare_reward
 
 
 class CombinedReward(BaseReward):

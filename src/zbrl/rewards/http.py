@@ -27,12 +27,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardBatch,
-    RewardResult,
-)
+from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardResult
 from zbrl.rewards.registry import register_reward
 
 logger = logging.getLogger(__name__)

@@ -8,13 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent_many, check_gold
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardBatch,
-    RewardContext,
-    RewardResult,
-)
+from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardContext, RewardResult
 from zbrl.rewards.deadline import default_pool
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 

@@ -24,18 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zbrl.rewards.answers import GT_ANSWER
-from zbrl.rewards.base import (
-    BaseReward,
-    RewardBatch,
-    RewardContext,
-    RewardResult,
-)
-from zbrl.rewards.deadline import (
-    DEFAULT_TIMEOUT_S,
-    DeadlineExceeded,
-    DeadlinePool,
-    Failed,
-)
+from zbrl.rewards.base import BaseReward, RewardBatch, RewardContext, RewardResult
+from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S, DeadlineExceeded, DeadlinePool, Failed
 from zbrl.rewards.extraction import EXTRACTION_PROMPTS, EXTRACTIONS, extract_answer
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 from zbrl.rewards.reasoning_gym_tasks import TaskSpec, create_dataset
