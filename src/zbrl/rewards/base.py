@@ -7,6 +7,7 @@ name in :mod:`zbrl.rewards.registry`, and users plug in their own by ``module:fu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -137,3 +138,22 @@ def check_batch_lengths(
             f"score_batch got {len(responses)} responses, {len(examples)} examples and "
             f"{len(contexts)} contexts; pass one example and one context per response"
         )
+
+
+def check_score_options(owner: str, *, timeout_s: float | None, **numbers: float) -> None:
+    """A scoring reward's options: each of ``numbers`` (``correct_reward``, ``wrong_reward``, ...)
+    a finite number, ``correct_reward`` not below ``wrong_reward``, and ``timeout_s`` > 0 or
+    None; the errors name ``owner`` and the option."""
+    for option, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{owner}: {option} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{owner}: {option} must be finite, got {value}")
+    correct, wrong = numbers["correct_reward"], numbers["wrong_reward"]
+    if correct < wrong:
+        raise ValueError(
+            f"{owner}: correct_reward ({correct}) is below wrong_reward ({wrong}); a correct "
+            f"answer must not score less than a wrong one"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"{owner}: timeout_s must be > 0 or None, got {timeout_s}")

@@ -24,7 +24,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zbrl.rewards.answers import GT_ANSWER
-from zbrl.rewards.base import BaseReward, RewardBatch, RewardContext, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    RewardBatch,
+    RewardContext,
+    RewardResult,
+    check_score_options,
+)
 from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S, DeadlineExceeded, DeadlinePool, Failed
 from zbrl.rewards.extraction import EXTRACTION_PROMPTS, EXTRACTIONS, extract_answer
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
@@ -93,16 +99,12 @@ class ReasoningGymReward(BaseReward):
             raise ValueError(
                 f"reasoning_gym: extract must be one of {', '.join(EXTRACTIONS)}, got {extract!r}"
             )
-        for option, value in (("correct_reward", correct_reward), ("wrong_reward", wrong_reward)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"reasoning_gym: {option} must be a number, got {value!r}")
-        if correct_reward < wrong_reward:
-            raise ValueError(
-                f"reasoning_gym: correct_reward ({correct_reward}) is below wrong_reward "
-                f"({wrong_reward})"
-            )
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"reasoning_gym: timeout_s must be > 0 or None, got {timeout_s}")
+        check_score_options(
+            "reasoning_gym",
+            timeout_s=timeout_s,
+            correct_reward=correct_reward,
+            wrong_reward=wrong_reward,
+        )
         self.extract = extract
         self.tasks_json = (
             json.dumps([dict(t) for t in tasks], sort_keys=True) if tasks is not None else None
