@@ -5,7 +5,7 @@ build time, then (optionally) the RL demo on each reward model, true held-out ac
     python bench/reward_model_sweep.py --steps 600 8000 --objectives pairwise tokenwise
     python bench/reward_model_sweep.py --steps 8000 --objectives tokenwise --rl-steps 300
 
-``likelihood`` (the default objective, :mod:`zbrl.models.likelihood_verifier`) fits a two-feature
+``likelihood`` (the default objective, :mod:`zbrl.rewards.likelihood_verifier`) fits a two-feature
 head and has no step budget: it is built once per seed whatever ``--steps`` says.
 
 The classifier trains on a GPU when one is visible (sampling stays on the CPU); the RL runs use

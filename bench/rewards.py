@@ -27,8 +27,8 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from zbrl.rewards import RewardContext, build_reward
-from zbrl.rewards.bubblewrap import probe_bwrap
-from zbrl.rewards.sandbox import SandboxLimits, run_python
+from zbrl.sandbox import SandboxLimits, run_python
+from zbrl.sandbox.bubblewrap import probe_bwrap
 
 GROUP = 8
 

@@ -11,10 +11,10 @@ import pytest
 
 from zbrl.assembly.rewards import build_reward_fn
 from zbrl.config import ConfigError, load_config
-from zbrl.rewards import RewardContext, bubblewrap, build_reward
-from zbrl.rewards.bubblewrap import BwrapProbe, SandboxUnavailableError
+from zbrl.rewards import RewardContext, build_reward
 from zbrl.rewards.code import CodeReward, extract_solution, parse_test_cases
-from zbrl.rewards.sandbox import SandboxLimits
+from zbrl.sandbox import SandboxLimits, bubblewrap
+from zbrl.sandbox.bubblewrap import BwrapProbe, SandboxUnavailableError
 
 LIMITS = {"timeout_s": 1.0, "memory_mb": 256}
 CTX = RewardContext(response_tokens=50, max_new_tokens=512)

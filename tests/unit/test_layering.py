@@ -68,6 +68,17 @@ def test_no_torch_distributed_in_pure_packages(package: str) -> None:
     assert _violations([package], ("torch.distributed",)) == []
 
 
+def test_the_sandbox_stands_below_rewards_and_environments() -> None:
+    """``sandbox`` imports no zbrl package but ``errors`` (the code reward and the Python tool
+    stand on it)."""
+    others = tuple(f"zbrl.{p}" for p in BELOW_LAUNCH if p not in ("sandbox", "errors"))
+    assert _violations(["sandbox"], (*others, "zbrl.launch")) == []
+
+
+def test_rewards_import_neither_data_nor_models() -> None:
+    assert _violations(["rewards"], ("zbrl.data", "zbrl.models")) == []
+
+
 def test_the_rule_sees_a_violation(tmp_path: Path) -> None:
     """The scanner itself finds imports inside functions (so the tests above can fail)."""
     module = tmp_path / "m.py"

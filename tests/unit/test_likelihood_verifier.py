@@ -1,4 +1,4 @@
-"""The likelihood verifier (zbrl.models.likelihood_verifier): its response mask and features
+"""The likelihood verifier (zbrl.rewards.likelihood_verifier): its response mask and features
 against a per-row loop, its head fit, a save/load round trip through
 AutoModelForSequenceClassification and the reward scorer, and the embedded build."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from zbrl.models.likelihood_verifier import (
+from zbrl.rewards.likelihood_verifier import (
     LikelihoodVerifierForSequenceClassification,
     build_likelihood_verifier,
     fit_head,

@@ -11,12 +11,13 @@ from zbrl.assembly.datasets import check_data_source, dataset_refs, load_set_exa
 from zbrl.assembly.rewards import build_reward_fn, default_system_prompt
 from zbrl.config import ConfigError, load_config
 from zbrl.data.dataset import DatasetError
-from zbrl.data.reasoning_gym_source import TaskSpec, load_reasoning_gym_examples
+from zbrl.data.reasoning_gym_source import load_reasoning_gym_examples
 from zbrl.evaluation.evaluator import EvalSet, evaluate_set
 from zbrl.rewards import build_reward
 from zbrl.rewards.base import RewardContext
 from zbrl.rewards.extraction import answer_tags, boxed, extract_answer, full, last_number
 from zbrl.rewards.reasoning_gym import ReasoningGymReward, entry_of
+from zbrl.rewards.reasoning_gym_tasks import TaskSpec
 from zbrl.rollout.backends.base import Completion
 from zbrl.types import EncodedPrompt
 

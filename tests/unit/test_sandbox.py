@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.rewards import bubblewrap, sandbox
-from zbrl.rewards.bubblewrap import BwrapProbe, SandboxUnavailableError
-from zbrl.rewards.sandbox import (
+from zbrl.sandbox import bubblewrap, execution
+from zbrl.sandbox.bubblewrap import BwrapProbe, SandboxUnavailableError
+from zbrl.sandbox.programs import (
     ProgramResult,
     SandboxLimits,
     TestCase,
@@ -138,7 +138,7 @@ def test_exception_is_a_runtime_error_with_stderr_tail() -> None:
     assert result.statuses == ["runtime_error"]
     assert "oops" in result.tests[0].stderr_tail
     assert "KeyError" in result.tests[0].detail
-    assert "_sandbox_runner" not in result.tests[0].stderr_tail  # only the program's frames
+    assert "runner.py" not in result.tests[0].stderr_tail  # only the program's frames
 
 
 def test_exit_and_stdin_idioms_work() -> None:
@@ -399,7 +399,7 @@ def test_rlimits_workdir_is_fresh_and_removed(
         made.append(os.path.realpath(path))
         return str(path)
 
-    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(execution.tempfile, "mkdtemp", mkdtemp)
     expected = os.path.realpath(tmp_path / "zbrl-sandbox-0")
     source = "import os\nopen('left.txt', 'w').close()\nprint(os.path.realpath(os.getcwd()))\n"
     result = run_program(source, [TestCase("", expected)], limits=limits_for("rlimits"))
@@ -696,12 +696,12 @@ def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> BwrapProbe:
 def test_auto_falls_back_to_rlimits_with_one_warning(
     no_bwrap: BwrapProbe, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="zbrl.rewards.bubblewrap"):
+    with caplog.at_level(logging.WARNING, logger="zbrl.sandbox.bubblewrap"):
         result = run_program(ADD, ADD_TESTS, limits=LIMITS)
         assert bubblewrap.resolve_backend("auto") == "rlimits"
     assert result.backend == "rlimits"
     assert result.statuses == ["pass", "pass"]
-    warnings = [r for r in caplog.records if r.name == "zbrl.rewards.bubblewrap"]
+    warnings = [r for r in caplog.records if r.name == "zbrl.sandbox.bubblewrap"]
     assert len(warnings) == 1
     assert "apt-get install bubblewrap" in warnings[0].getMessage()
     assert "not installed" in warnings[0].getMessage()
@@ -807,8 +807,8 @@ def test_bwrap_gets_rlimit_nproc_from_the_parent(monkeypatch: pytest.MonkeyPatch
     """The jail's /proc shows only the jail, so for a non-root user the parent counts the user's
     tasks on the host and sends ``RLIMIT_NPROC`` with the job."""
     require_bwrap()
-    monkeypatch.setattr(sandbox.os, "getuid", lambda: 1000)
-    monkeypatch.setattr(sandbox, "user_task_count", lambda uid: 40 if uid == 1000 else -1)
+    monkeypatch.setattr(execution.os, "getuid", lambda: 1000)
+    monkeypatch.setattr(execution, "user_task_count", lambda uid: 40 if uid == 1000 else -1)
     source = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC))\n"
     run = run_python(source, limits=limits_for("bwrap", max_processes=7))
     assert (run.status, run.stdout) == ("ok", "(47, 47)\n")

@@ -122,8 +122,8 @@ def load_set_examples(ref: DatasetRef | str, cfg: RunConfig) -> LoadReport:
 
 
 def task_specs(source: ReasoningGymSource) -> list[Any]:
-    """The source's tasks as :class:`zbrl.data.reasoning_gym_source.TaskSpec`."""
-    from zbrl.data.reasoning_gym_source import TaskSpec
+    """The source's tasks as :class:`zbrl.rewards.reasoning_gym_tasks.TaskSpec`."""
+    from zbrl.rewards.reasoning_gym_tasks import TaskSpec
 
     return [TaskSpec(t.name, t.weight, dict(t.config)) for t in source.tasks]
 

@@ -257,7 +257,7 @@ def _primary(cfg: RunConfig, scorer: Any = None) -> RewardFunction:
         return build_user_reward(rw.type, rw.options, timeout_s=rw.timeout_s)
     shaping = length_shaping(cfg)
     if isinstance(rw, CodeReward):
-        from zbrl.rewards.sandbox import SandboxLimits
+        from zbrl.sandbox import SandboxLimits
 
         return build_reward(
             rw.type,

@@ -44,7 +44,7 @@ class CalculatorTool(Section):
 
 
 class PythonTool(Section):
-    """A Python program run in the code sandbox (rewards/sandbox.py, docs/sandbox.md); its stdout
+    """A Python program run in the code sandbox (zbrl.sandbox, docs/sandbox.md); its stdout
     (and the tail of its stderr on failure) is the result."""
 
     type: Literal["python"] = "python"

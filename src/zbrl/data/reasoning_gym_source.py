@@ -16,32 +16,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from zbrl.data.dataset import DatasetError, LoadReport, PromptExample
 from zbrl.rewards.answers import GT_ANSWER, AnswerError, AnswerSpec
+from zbrl.rewards.reasoning_gym_tasks import TaskSpec, create_dataset
 
 logger = logging.getLogger(__name__)
 
 Split = Literal["train", "eval"]
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """One reasoning-gym task: its registered name, mixing weight and config options."""
-
-    name: str
-    weight: float = 1.0
-    config: Mapping[str, Any] = field(default_factory=dict)
-
-
 def build_dataset(tasks: Sequence[TaskSpec], *, size: int, seed: int) -> Any:
     """The reasoning-gym dataset of ``tasks`` (one task, or a weighted composite of several).
 
     Raises :class:`DatasetError` naming the task for an unknown name or a bad option."""
-    import reasoning_gym
-    from reasoning_gym.composite import DatasetSpec
     from reasoning_gym.factory import DATASETS
 
     for index, task in enumerate(tasks):
@@ -52,13 +41,7 @@ def build_dataset(tasks: Sequence[TaskSpec], *, size: int, seed: int) -> Any:
                 f"{len(DATASETS)} tasks in reasoning_gym.factory.DATASETS)"
             )
     try:
-        if len(tasks) == 1:
-            task = tasks[0]
-            return reasoning_gym.create_dataset(
-                task.name, **dict(task.config), size=size, seed=seed
-            )
-        specs = [DatasetSpec(t.name, t.weight, dict(t.config)) for t in tasks]
-        return reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=specs)
+        return create_dataset(tasks, size=size, seed=seed)
     except (TypeError, ValueError, AssertionError) as exc:
         names = ", ".join(t.name for t in tasks)
         raise DatasetError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from zbrl.config.environments import CalculatorTool, PythonTool, ToolsEnvironment
@@ -10,6 +9,7 @@ from zbrl.environments.base import Environment
 from zbrl.environments.tool_env import ToolEnvironment, ToolSettings
 from zbrl.environments.tools import Calculator, SandboxedPython, Tool
 from zbrl.errors import RunError as ConfigError
+from zbrl.registry import import_object
 
 
 def build_environment(cfg: Any) -> Environment:
@@ -28,7 +28,7 @@ def build_environment(cfg: Any) -> Environment:
             return ToolEnvironment(tools, settings)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    cls = import_object(cfg.type, "environment.type")
+    cls = import_user_class(cfg.type, "environment.type")
     try:
         env = cls(**cfg.options)
     except TypeError as e:
@@ -47,7 +47,7 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
         return SandboxedPython(
             cfg.name, cfg.tag, timeout_s=timeout_s, memory_mb=cfg.memory_mb, backend=cfg.backend
         )
-    cls = import_object(cfg.type, "environment.tools[].type")
+    cls = import_user_class(cfg.type, "environment.tools[].type")
     try:
         tool = cls(**cfg.options)
     except TypeError as e:
@@ -61,9 +61,14 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
     return tool
 
 
-def import_object(path: str, field: str) -> Any:
-    module, _, attr = path.partition(":")
+def import_user_class(path: str, field: str) -> Any:
+    """A user's environment or tool class by ``package.module:Class`` path (imported by the one
+    registry's :func:`zbrl.registry.import_object`); a path that does not import is a
+    ConfigError naming ``field``."""
     try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{field}: cannot import {path} ({e}); check the module path") from None
+        return import_object(path, field)
+    except (ImportError, ValueError) as e:
+        reason = e.__cause__ or e  # the import's own error, when there is one
+        raise ConfigError(
+            f"{field}: cannot import {path} ({reason}); check the module path"
+        ) from None

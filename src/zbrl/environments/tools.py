@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from zbrl.environments.calculator import CalculatorError, calculate
+from zbrl.sandbox import SandboxLimits, run_python
 
 
 class ToolError(Exception):
@@ -72,8 +73,6 @@ class SandboxedPython:
         self.timeout_s, self.memory_mb, self.backend = timeout_s, memory_mb, backend
 
     def call(self, arguments: dict[str, Any]) -> str:
-        from zbrl.rewards.sandbox import SandboxLimits, run_python
-
         code = _string_argument(arguments, self.argument)
         limits = SandboxLimits(
             timeout_s=self.timeout_s, memory_mb=self.memory_mb, backend=self.backend

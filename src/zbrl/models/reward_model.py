@@ -89,7 +89,7 @@ class RewardModelSettings:
     objective: Literal["likelihood", "pointwise", "pairwise", "tokenwise"] = "likelihood"
     """``likelihood``: the backbone LM itself, frozen, scores each response token by its
     log-probability, and a two-feature head (the minimum and the mean over the response) is
-    fitted to the 0/1 labels (:mod:`zbrl.models.likelihood_verifier`; ``steps``, ``batch_size``
+    fitted to the 0/1 labels (:mod:`zbrl.rewards.likelihood_verifier`; ``steps``, ``batch_size``
     and ``lr`` are not used). The others train a sequence classifier on the backbone's
     transformer: ``pointwise``, a logistic loss on each response's 0/1 label; ``pairwise``, a
     Bradley-Terry loss on (correct, wrong) responses to the SAME problem, so that what makes a
@@ -354,9 +354,9 @@ def _fit_likelihood_verifier(
     verbose: bool,
 ) -> Any:  # fmt: skip
     """The ``likelihood`` objective: the backbone LM, frozen, inside a
-    :mod:`zbrl.models.likelihood_verifier` whose two-feature head is fitted by logistic
+    :mod:`zbrl.rewards.likelihood_verifier` whose two-feature head is fitted by logistic
     regression on the sampled responses' labels."""
-    from zbrl.models.likelihood_verifier import build_likelihood_verifier, fit_head
+    from zbrl.rewards.likelihood_verifier import build_likelihood_verifier, fit_head
 
     assistant = tokenizer.convert_tokens_to_ids(ROLE_TOKENS["assistant"])
     verifier = build_likelihood_verifier(backbone, assistant)

@@ -7,13 +7,7 @@ first use).
 """
 
 from zbrl.rewards.answer_check import answers_equivalent
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardContext,
-    RewardFunction,
-    RewardResult,
-)
+from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardFunction, RewardResult
 from zbrl.rewards.boxed import BoxedReward
 from zbrl.rewards.combine import CombinedReward
 from zbrl.rewards.deadline import DeadlineExceeded, run_with_deadline

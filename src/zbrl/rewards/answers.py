@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zbrl.rewards.sandbox import parse_call_args
+from zbrl.sandbox import parse_call_args
 
 TEST_CASE_KEYS: tuple[str, ...] = ("inputs", "outputs", "fn_name")
 

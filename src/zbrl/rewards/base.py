@@ -7,9 +7,10 @@ name in :mod:`zbrl.rewards.registry`, and users plug in their own by ``module:fu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from zbrl.rewards.answers import GT_ANSWER, AnswerSpec
 
@@ -47,39 +48,17 @@ class RewardResult:
     a failure and is counted in the ``reward_timeouts`` metric."""
 
 
-def learned_results(
-    scores: Sequence[float | None],
-    checked: Sequence[RewardResult] | None,
-    failure_reward: float,
-    metadata: Sequence[dict[str, Any]],
-) -> list[RewardResult]:
-    """The results of a learned reward (a reward model's or a judge's score per response; None
-    where it gave none). The score is the reward. A verifier's results (``checked``) set the
-    format and answer accuracy and ``parsed``; without one the format counts as met and the
-    accuracy is the score clipped to [0, 1]. A response without a score gets ``failure_reward``
-    and is marked timed out, keeping the verifier's accuracies (0 without a verifier)."""
-    results = []
-    for i, value in enumerate(scores):
-        c = checked[i] if checked is not None else None
-        if value is None:
-            fmt, acc = (c.format_acc, c.ans_acc) if c is not None else (0.0, 0.0)
-            results.append(
-                RewardResult(failure_reward, fmt, acc, metadata=metadata[i], timed_out=True)
-            )
-        elif c is not None:
-            results.append(
-                RewardResult(value, c.format_acc, c.ans_acc, parsed=c.parsed, metadata=metadata[i])
-            )
-        else:
-            results.append(
-                RewardResult(value, 1.0, min(max(value, 0.0), 1.0), metadata=metadata[i])
-            )
-    return results
-
-
 Example = Mapping[str, Any]
 """One dataset row: ``messages`` plus ``gt_answer`` (math) or ``test_cases`` (code), and
 ``fields``: every other column of the row by name (see docs/datasets.md)."""
+
+
+class RewardBatch(NamedTuple):
+    """A batch to score: one example and one context per response, in order."""
+
+    responses: Sequence[str]
+    examples: Sequence[Example]
+    contexts: Sequence[RewardContext]
 
 
 @runtime_checkable
@@ -99,7 +78,12 @@ class RewardFunction(Protocol):
 
 
 class BaseReward:
-    """Convenience base class: subclasses implement ``score``; ``score_batch`` loops."""
+    """The batch-first base of rewards: a subclass writes only its scoring.
+
+    A reward that scores a batch at once (one round trip to a worker, a sandbox or a model)
+    implements :meth:`score_responses`, which gets a non-empty :class:`RewardBatch`;
+    :meth:`score` is then a batch of one. A reward that scores one response at a time implements
+    :meth:`score` instead, and :meth:`score_responses` loops over it."""
 
     name: str = "base"
     answer: AnswerSpec = GT_ANSWER
@@ -108,7 +92,7 @@ class BaseReward:
     """The default system prompt telling the model the format this reward checks (None: none)."""
 
     def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        raise NotImplementedError
+        return self.score_batch([response], [example], [ctx])[0]
 
     def score_batch(
         self,
@@ -116,8 +100,20 @@ class BaseReward:
         examples: Sequence[Example],
         contexts: Sequence[RewardContext],
     ) -> list[RewardResult]:
+        """One result per response, in order (none for an empty batch)."""
         check_batch_lengths(responses, examples, contexts)
-        return [self.score(r, e, c) for r, e, c in zip(responses, examples, contexts)]
+        if not responses:
+            return []
+        return self.score_responses(RewardBatch(responses, examples, contexts))
+
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        """The scoring of a non-empty batch whose lengths are checked (the default loops over
+        :meth:`score`, for rewards that implement that instead)."""
+        if type(self).score is BaseReward.score:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither score_responses nor score"
+            )
+        return [self.score(r, e, c) for r, e, c in zip(*batch)]
 
     def prepare(self) -> None:
         """Start, in the background, what the first ``score_batch`` would otherwise wait for
@@ -142,3 +138,22 @@ def check_batch_lengths(
             f"score_batch got {len(responses)} responses, {len(examples)} examples and "
             f"{len(contexts)} contexts; pass one example and one context per response"
         )
+
+
+def check_score_options(owner: str, *, timeout_s: float | None, **numbers: float) -> None:
+    """A scoring reward's options: each of ``numbers`` (``correct_reward``, ``wrong_reward``, ...)
+    a finite number, ``correct_reward`` not below ``wrong_reward``, and ``timeout_s`` > 0 or
+    None; the errors name ``owner`` and the option."""
+    for option, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{owner}: {option} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{owner}: {option} must be finite, got {value}")
+    correct, wrong = numbers["correct_reward"], numbers["wrong_reward"]
+    if correct < wrong:
+        raise ValueError(
+            f"{owner}: correct_reward ({correct}) is below wrong_reward ({wrong}); a correct "
+            f"answer must not score less than a wrong one"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"{owner}: timeout_s must be > 0 or None, got {timeout_s}")

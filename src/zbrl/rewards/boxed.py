@@ -10,12 +10,8 @@ exactly once. Scoring is :class:`~zbrl.rewards.math_reward.MathAnswerReward`'s.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from zbrl.rewards.answer_check import match_brace
-from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S
-from zbrl.rewards.length import LengthShaping
 from zbrl.rewards.math_reward import MathAnswerReward
 from zbrl.rewards.registry import register_reward
 
@@ -50,29 +46,13 @@ class BoxedReward(MathAnswerReward):
     )
     """The default system prompt: the format this reward checks."""
 
-    def __init__(
-        self,
-        *,
-        tags: Sequence[str] = (),
-        correct_reward: float = 1.0,
-        wrong_reward: float = 0.0,
-        format_reward: float = 0.0,
-        length_shaping: LengthShaping | Mapping[str, Any] | None = None,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        answer_field: str = "gt_answer",
-    ) -> None:
-        super().__init__(
-            correct_reward=correct_reward,
-            wrong_reward=wrong_reward,
-            format_reward=format_reward,
-            length_shaping=length_shaping,
-            timeout_s=timeout_s,
-            answer_field=answer_field,
-        )
-        tags = (tags,) if isinstance(tags, str) else tuple(tags)
+    format_tags = ()
+    """No tags by default; each of ``tags`` must occur exactly once."""
+
+    def check_tags(self, tags: tuple[str, ...]) -> tuple[str, ...]:
         if not all(isinstance(t, str) and t for t in tags):
             raise ValueError(f"boxed: tags must be non-empty strings, got {tags!r}")
-        self.tags = tags
+        return tags
 
     def extract(self, response: str) -> tuple[str | None, bool, str | None]:
         answer = last_boxed(response)

@@ -4,7 +4,7 @@ The program is the text after the last ```` ```python ```` fence up to the next 
 A response without a closed fence has invalid format; its whole text (or, for an unclosed fence,
 everything after it) is still run, so that ``ans_acc`` is measured, but in training the reward is
 only given to well-formatted responses. Programs run in the local sandbox
-(:mod:`zbrl.rewards.sandbox`: bubblewrap namespaces when they work here, else rlimits; see
+(:mod:`zbrl.sandbox`: bubblewrap namespaces when they work here, else rlimits; see
 ``docs/sandbox.md``), many at a time in ``score_batch``.
 
 ``test_cases`` (an object or a JSON string of one, as in ``docs/datasets.md``)::
@@ -19,27 +19,15 @@ line, one argument each) and every output is the JSON of the expected return val
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from zbrl.rewards.answers import TEST_CASES, AnswerError
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardContext,
-    RewardResult,
-    check_batch_lengths,
-)
-from zbrl.rewards.length import LengthShaping, as_length_shaping
+from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardContext, RewardResult
+from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 from zbrl.rewards.registry import register_reward
-from zbrl.rewards.sandbox import (
-    ProgramResult,
-    SandboxLimits,
-    TestCase,
-    check_backend,
-    run_programs,
-)
+from zbrl.sandbox import ProgramResult, SandboxLimits, TestCase, check_backend, run_programs
 
 FENCE = "```python"
 CLOSE = "```"
@@ -155,16 +143,8 @@ class CodeReward(BaseReward):
         self.max_workers = max_workers
         self.length_shaping = as_length_shaping(length_shaping, "code")
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        responses, examples, contexts = batch
         solutions = [extract_solution(r) for r in responses]
         parsed = [parse_test_cases(e) for e in examples]
         candidates = [(s.code, p.tests, p.fn_name) for s, p in zip(solutions, parsed)]
@@ -177,11 +157,8 @@ class CodeReward(BaseReward):
         all_passed = program.all_passed
         credit = program.pass_fraction if self.partial_credit else float(all_passed)
         gated = solution.format_valid or ctx.eval_mode
-        reward = self.correct_reward * credit if gated else 0.0
-        penalty = 0.0
-        if self.length_shaping is not None and not ctx.eval_mode:
-            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
-            reward += penalty
+        penalty = training_penalty(self.length_shaping, ctx)
+        reward = (self.correct_reward * credit if gated else 0.0) + penalty
         if not gated:
             reason = "bad_format"
         elif all_passed:

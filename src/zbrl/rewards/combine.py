@@ -13,15 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardContext,
-    RewardFunction,
-    RewardResult,
-    check_batch_lengths,
-    prepare_reward,
-)
+from zbrl.rewards.base import BaseReward, RewardBatch, RewardFunction, RewardResult, prepare_reward
 
 
 class CombinedReward(BaseReward):
@@ -52,20 +44,12 @@ class CombinedReward(BaseReward):
         self.keys = _unique_keys([fn.name for fn, _ in self.components])
         self.name = "+".join(f"{w:g}*{fn.name}" for fn, w in self.components)
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
     def prepare(self) -> None:
         for fn, _ in self.components:
             prepare_reward(fn)
 
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        responses, examples, contexts = batch
         per_component = []
         for fn, _ in self.components:
             results = fn.score_batch(responses, examples, contexts)

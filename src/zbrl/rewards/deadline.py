@@ -1,8 +1,11 @@
 """Hard deadlines for functions that may run for ever (sympy inside math_verify).
 
 A small pool of reusable worker processes runs a function and is killed when the deadline
-passes (:func:`run_with_deadline`); a killed worker is replaced. Used by
-:func:`zbrl.rewards.answer_check.answers_equivalent`.
+passes (:func:`run_with_deadline`); a killed worker is replaced. Used by the rewards only: the
+math answer check (:func:`zbrl.rewards.answer_check.answers_equivalent`), the reasoning-gym
+scorers and user reward functions with ``timeout_s``. It bounds the time of trusted code that may
+hang (sympy, a scorer); it contains nothing (the worker runs with this process's rights, files
+and network), which is the sandbox's job (:mod:`zbrl.sandbox`, for untrusted programs).
 """
 
 from __future__ import annotations

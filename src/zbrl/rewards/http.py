@@ -23,17 +23,11 @@ import math
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardContext,
-    RewardResult,
-    check_batch_lengths,
-)
+from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardResult
 from zbrl.rewards.registry import register_reward
 
 logger = logging.getLogger(__name__)
@@ -107,20 +101,9 @@ class RemoteHttpReward(BaseReward):
 
     # ---------------------------------------------------------------- scoring
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
-        if not responses:
-            return []
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
         deadline = time.monotonic() + self.timeout_s
-        items = [_item(r, e) for r, e in zip(responses, examples)]
+        items = [_item(r, e) for r, e in zip(batch.responses, batch.examples)]
         chunks = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
         pool = self._executor()
         futures = [pool.submit(self._post_with_retries, chunk, deadline) for chunk in chunks]

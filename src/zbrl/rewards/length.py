@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zbrl.rewards.base import RewardContext
+
 
 @dataclass(frozen=True)
 class LengthShaping:
@@ -105,3 +107,11 @@ def as_length_shaping(
             f"got {type(value).__name__}"
         )
     return value
+
+
+def training_penalty(shaping: LengthShaping | None, ctx: RewardContext) -> float:
+    """The length penalty a reward adds to a response's score: ``shaping``'s in training, 0.0
+    without shaping and in evaluation."""
+    if shaping is None or ctx.eval_mode:
+        return 0.0
+    return shaping.penalty(ctx.response_tokens, ctx.truncated)

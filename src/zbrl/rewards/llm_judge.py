@@ -13,21 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Callable
 from typing import Any
 
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardContext,
-    RewardFunction,
-    RewardResult,
-    check_batch_lengths,
-    learned_results,
-)
+from zbrl.rewards.base import Example, RewardBatch, RewardFunction, RewardResult
 from zbrl.rewards.extraction import last_number
+from zbrl.rewards.learned import LearnedReward
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +68,7 @@ def check_template(template: str) -> None:
         ) from None
 
 
-class JudgeReward(BaseReward):
+class JudgeReward(LearnedReward):
     """Scores responses with a generative judge (see the module docstring).
 
     ``backend``: an inference backend; ``tokenizer``: the judge's (its chat template renders the
@@ -100,20 +91,18 @@ class JudgeReward(BaseReward):
         verifier: RewardFunction | None = None,
     ) -> None:
         check_template(template)
-        self.backend = backend
-        self.tokenizer = tokenizer
-        self.sampling = sampling
+        super().__init__(
+            timeout_s=timeout_s,
+            failure_reward=failure_reward,
+            verifier=verifier,
+            thread_name="llm-judge",
+        )
+        self.backend, self.tokenizer, self.sampling = backend, tokenizer, sampling
         self.template = template
         self.parse = verdict_parser(parser)
         self.batch_size = batch_size
-        self.timeout_s = timeout_s
-        self.failure_reward = failure_reward
-        self.verifier = verifier
-        self.failures = 0
-        """Batches the judge failed on or did not finish within the deadline."""
         self.parse_failures = 0
         """Replies without a verdict in [0, 1]."""
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="llm-judge")
 
     def judge_prompt(self, response: str, example: Example) -> list[int]:
         """The judge's prompt ids for one response."""
@@ -128,25 +117,11 @@ class JudgeReward(BaseReward):
             return_dict=False,
         )  # fmt: skip
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
-        if not responses:
-            return []
-        prompts = [self.judge_prompt(r, e) for r, e in zip(responses, examples)]
-        replies = self._replies(prompts)
-        checked = (
-            self.verifier.score_batch(responses, examples, contexts) if self.verifier else None
-        )
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        prompts = [self.judge_prompt(r, e) for r, e in zip(batch.responses, batch.examples)]
+        replies = self.within_deadline(lambda: self._generate(prompts), len(prompts), "verdicts")
         verdicts, metadata = [], []
-        for reply in replies:
+        for reply in replies if replies is not None else [None] * len(prompts):
             verdict = self.parse(reply) if reply is not None else None
             verdicts.append(verdict)
             if verdict is not None:
@@ -161,27 +136,10 @@ class JudgeReward(BaseReward):
                 )  # fmt: skip
             reason = "no verdict" if reply is not None else "judge failed"
             metadata.append({"reward_error": reason, "judge_reply": reply})
-        return learned_results(verdicts, checked, self.failure_reward, metadata)
-
-    def _replies(self, prompts: list[list[int]]) -> list[str | None]:
-        """The judge's reply per prompt; None for each prompt of a batch that failed."""
-        future = self._pool.submit(self._generate, prompts)
-        try:
-            return future.result(timeout=self.timeout_s)
-        except FutureTimeout:
-            reason = f"no verdicts within {self.timeout_s} s (reward.timeout_s)"
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="llm-judge")
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-        self.failures += 1
-        logger.warning(
-            "llm_judge: %d response(s) scored %g as failed: %s (%d failed batch(es) so far)",
-            len(prompts), self.failure_reward, reason, self.failures,
-        )  # fmt: skip
-        return [None] * len(prompts)
+        return self.results(verdicts, batch, metadata)
 
     def _generate(self, prompts: list[list[int]]) -> list[str]:
+        """The judge's reply per prompt, ``batch_size`` prompts per ``generate``."""
         replies: list[str] = []
         for start in range(0, len(prompts), self.batch_size):
             outputs = self.backend.generate(prompts[start : start + self.batch_size], self.sampling)

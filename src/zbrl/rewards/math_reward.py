@@ -3,7 +3,6 @@ only in how they extract the answer."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,12 +10,13 @@ from zbrl.rewards.answer_check import DEFAULT_TIMEOUT_S, answers_equivalent_many
 from zbrl.rewards.base import (
     BaseReward,
     Example,
+    RewardBatch,
     RewardContext,
     RewardResult,
-    check_batch_lengths,
+    check_score_options,
 )
 from zbrl.rewards.deadline import default_pool
-from zbrl.rewards.length import LengthShaping, as_length_shaping
+from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 
 # --------------------------------------------------------------------------------------------
 # The shared scoring rule of the math rewards
@@ -40,10 +40,14 @@ class MathAnswerReward(BaseReward):
     """
 
     name = "math"
+    format_tags: tuple[str, ...] | None = None
+    """The tags the format check requires unless the ``tags`` option replaces them (None: the
+    reward checks no tags and takes no ``tags`` option)."""
 
     def __init__(
         self,
         *,
+        tags: Sequence[str] | None = None,
         correct_reward: float = 1.0,
         wrong_reward: float = 0.0,
         format_reward: float = 0.0,
@@ -51,34 +55,34 @@ class MathAnswerReward(BaseReward):
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         answer_field: str = "gt_answer",
     ) -> None:
-        for option, value in (
-            ("correct_reward", correct_reward),
-            ("wrong_reward", wrong_reward),
-            ("format_reward", format_reward),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{self.name}: {option} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{self.name}: {option} must be finite, got {value}")
-        if correct_reward < wrong_reward:
-            raise ValueError(
-                f"{self.name}: correct_reward ({correct_reward}) is below wrong_reward "
-                f"({wrong_reward}); a correct answer must not score less than a wrong one"
-            )
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"{self.name}: timeout_s must be > 0 or None, got {timeout_s}")
+        check_score_options(
+            self.name,
+            timeout_s=timeout_s,
+            correct_reward=correct_reward,
+            wrong_reward=wrong_reward,
+            format_reward=format_reward,
+        )
         self.correct_reward = float(correct_reward)
         self.wrong_reward = float(wrong_reward)
         self.format_reward = float(format_reward)
         self.length_shaping = as_length_shaping(length_shaping, self.name)
         self.timeout_s = timeout_s
         self.answer_field = answer_field
+        if tags is not None and self.format_tags is None:
+            raise TypeError(f"reward {self.name!r} cannot take options ['tags']: it checks no tags")
+        chosen = self.format_tags if tags is None else tags
+        self.tags = self.check_tags((chosen,) if isinstance(chosen, str) else tuple(chosen or ()))
 
     def prepare(self) -> None:
         """Start the answer checker's deadline worker now (:meth:`DeadlinePool.prestart`), so
         that the first batch does not wait for its start-up."""
         if self.timeout_s is not None:
             default_pool().prestart()
+
+    def check_tags(self, tags: tuple[str, ...]) -> tuple[str, ...]:
+        """The ``tags`` this reward checks (a ValueError naming the problem when they do not fit
+        its format); by default any."""
+        return tags
 
     def extract(self, response: str) -> tuple[str | None, bool, str | None]:
         """``(answer or None, format_valid, why the format is invalid or None)``."""
@@ -93,17 +97,9 @@ class MathAnswerReward(BaseReward):
             )
         return check_gold(example[self.answer_field], field=self.answer_field)
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
         """Every answer check of the batch in one round trip to the deadline worker."""
-        check_batch_lengths(responses, examples, contexts)
+        responses, examples, contexts = batch
         golds = [self.gold(example) for example in examples]
         extracted = [self.extract(response) for response in responses]
         checked = [
@@ -131,10 +127,8 @@ class MathAnswerReward(BaseReward):
         reward = self.correct_reward if correct else self.wrong_reward
         if format_valid:
             reward += self.format_reward
-        penalty = 0.0
-        if self.length_shaping is not None and not ctx.eval_mode:
-            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
-            reward += penalty
+        penalty = training_penalty(self.length_shaping, ctx)
+        reward += penalty
         if correct:
             reason = "correct"
         elif answer is None:

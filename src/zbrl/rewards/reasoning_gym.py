@@ -4,7 +4,8 @@
 The answer is taken from the response by the ``extract`` setting (:mod:`zbrl.rewards.extraction`:
 ``full``, ``last_number``, ``answer_tags``, ``boxed``); the entry is rebuilt from the example
 (:func:`entry_of`). The scorer is the task built with the same
-config as the data source (``tasks``), or, without ``tasks``, the task's default scorer.
+config as the data source (``tasks``, :mod:`zbrl.rewards.reasoning_gym_tasks`), or, without
+``tasks``, the task's default scorer.
 
 Score: ``wrong_reward + (correct_reward - wrong_reward) * s`` for the task's score ``s`` in [0, 1]
 (some tasks give partial credit), plus the length penalty in training; ``ans_acc`` is ``s`` and
@@ -25,19 +26,15 @@ from typing import Any
 from zbrl.rewards.answers import GT_ANSWER
 from zbrl.rewards.base import (
     BaseReward,
-    Example,
+    RewardBatch,
     RewardContext,
     RewardResult,
-    check_batch_lengths,
+    check_score_options,
 )
-from zbrl.rewards.deadline import (
-    DEFAULT_TIMEOUT_S,
-    DeadlineExceeded,
-    DeadlinePool,
-    Failed,
-)
+from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S, DeadlineExceeded, DeadlinePool, Failed
 from zbrl.rewards.extraction import EXTRACTION_PROMPTS, EXTRACTIONS, extract_answer
-from zbrl.rewards.length import LengthShaping, as_length_shaping
+from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
+from zbrl.rewards.reasoning_gym_tasks import TaskSpec, create_dataset
 from zbrl.rewards.registry import register_reward
 
 logger = logging.getLogger(__name__)
@@ -74,10 +71,8 @@ def score_entry(answer: str, entry: dict[str, Any], tasks_json: str | None) -> f
                     answer, entry
                 )
             )
-        from zbrl.data.reasoning_gym_source import TaskSpec, build_dataset
-
         tasks = [TaskSpec(**t) for t in json.loads(tasks_json)]
-        scorer = _SCORERS[tasks_json] = build_dataset(tasks, size=1, seed=0).score_answer
+        scorer = _SCORERS[tasks_json] = create_dataset(tasks, size=1, seed=0).score_answer
     return float(scorer(answer, entry))
 
 
@@ -104,16 +99,12 @@ class ReasoningGymReward(BaseReward):
             raise ValueError(
                 f"reasoning_gym: extract must be one of {', '.join(EXTRACTIONS)}, got {extract!r}"
             )
-        for option, value in (("correct_reward", correct_reward), ("wrong_reward", wrong_reward)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"reasoning_gym: {option} must be a number, got {value!r}")
-        if correct_reward < wrong_reward:
-            raise ValueError(
-                f"reasoning_gym: correct_reward ({correct_reward}) is below wrong_reward "
-                f"({wrong_reward})"
-            )
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"reasoning_gym: timeout_s must be > 0 or None, got {timeout_s}")
+        check_score_options(
+            "reasoning_gym",
+            timeout_s=timeout_s,
+            correct_reward=correct_reward,
+            wrong_reward=wrong_reward,
+        )
         self.extract = extract
         self.tasks_json = (
             json.dumps([dict(t) for t in tasks], sort_keys=True) if tasks is not None else None
@@ -125,16 +116,8 @@ class ReasoningGymReward(BaseReward):
         self.timeouts = 0
         self._pool: DeadlinePool | None = None
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        responses, examples, contexts = batch
         entries = [entry_of(example) for example in examples]
         answers = [extract_answer(response, self.extract) for response in responses]
         calls = [(a, e, self.tasks_json) for a, e in zip(answers, entries) if a is not None]
@@ -178,11 +161,8 @@ class ReasoningGymReward(BaseReward):
             score = float(outcome) if math.isfinite(float(outcome)) else 0.0
             score = min(max(score, 0.0), 1.0)
             reason = "correct" if score >= 1.0 else "partial" if score > 0 else "wrong_answer"
-        reward = self.wrong_reward + (self.correct_reward - self.wrong_reward) * score
-        penalty = 0.0
-        if self.length_shaping is not None and not ctx.eval_mode:
-            penalty = self.length_shaping.penalty(ctx.response_tokens, ctx.truncated)
-            reward += penalty
+        penalty = training_penalty(self.length_shaping, ctx)
+        reward = self.wrong_reward + (self.correct_reward - self.wrong_reward) * score + penalty
         return RewardResult(
             reward=reward,
             format_acc=1.0 if answer is not None else 0.0,

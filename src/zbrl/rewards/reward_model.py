@@ -14,27 +14,14 @@
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from zbrl.rewards.base import (
-    BaseReward,
-    Example,
-    RewardContext,
-    RewardFunction,
-    RewardResult,
-    check_batch_lengths,
-    learned_results,
-)
+from zbrl.rewards.base import Example, RewardBatch, RewardFunction, RewardResult
+from zbrl.rewards.learned import LearnedReward
 from zbrl.rewards.registry import build_reward, register_reward
-
-logger = logging.getLogger(__name__)
 
 Messages = list[dict[str, Any]]
 
@@ -71,7 +58,7 @@ class RewardModelScorer:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        import zbrl.models.likelihood_verifier  # noqa: F401  (registers zbrl's verifier type)
+        import zbrl.rewards.likelihood_verifier  # noqa: F401  (registers zbrl's verifier type)
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
         if self.tokenizer.pad_token_id is None:
@@ -118,7 +105,7 @@ def _to_scores(logits_BL: Any, normalize: str) -> list[float]:
     return logits_BL.softmax(-1)[:, -1].tolist()
 
 
-class ClassifierReward(BaseReward):
+class ClassifierReward(LearnedReward):
     """A reward model's score as the reward (see the module docstring).
 
     ``verifier`` (a verifiable reward), when given, sets ``format_acc``, ``ans_acc`` and
@@ -139,67 +126,32 @@ class ClassifierReward(BaseReward):
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"{label}: timeout_s must be > 0, got {timeout_s}")
+        super().__init__(
+            timeout_s=timeout_s,
+            failure_reward=failure_reward,
+            verifier=verifier,
+            thread_name="reward-model",
+        )
         self.scorer = scorer
-        self.timeout_s = timeout_s
-        self.failure_reward = failure_reward
-        self.verifier = verifier
         self.name = label
-        self.failures = 0
-        """Batches that missed the deadline or whose scorer raised."""
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reward-model")
-        self._lock = threading.Lock()
 
-    def score(self, response: str, example: Example, ctx: RewardContext) -> RewardResult:
-        return self.score_batch([response], [example], [ctx])[0]
-
-    def score_batch(
-        self,
-        responses: Sequence[str],
-        examples: Sequence[Example],
-        contexts: Sequence[RewardContext],
-    ) -> list[RewardResult]:
-        check_batch_lengths(responses, examples, contexts)
-        if not responses:
-            return []
-        prompts = [list(_messages(e)) for e in examples]
-        scores = self._scores(prompts, list(responses))
-        checked = (
-            self.verifier.score_batch(responses, examples, contexts)
-            if self.verifier is not None
-            else None
+    def score_responses(self, batch: RewardBatch) -> list[RewardResult]:
+        prompts = [list(_messages(e)) for e in batch.examples]
+        responses = list(batch.responses)
+        scores = self.within_deadline(
+            lambda: self._checked_scores(prompts, responses), len(responses), "scores"
         )
-        metadata = [{} if v is not None else {"reward_error": self._last_error} for v in scores]
-        return learned_results(scores, checked, self.failure_reward, metadata)
+        if scores is None:
+            failed = {"reward_error": self.last_error}
+            return self.results([None] * len(responses), batch, [failed] * len(responses))
+        return self.results(scores, batch, [{} for _ in scores])
 
-    def _scores(self, prompts: list[Messages], responses: list[str]) -> list[float | None]:
-        """The scorer's scores, or None for each pair when the batch failed."""
-        future = self._pool.submit(self.scorer.score, prompts, responses)
-        try:
-            scores = [float(s) for s in future.result(timeout=self.timeout_s)]
-            if len(scores) != len(responses) or not all(math.isfinite(s) for s in scores):
-                raise ValueError(f"scorer returned {scores!r} for {len(responses)} responses")
-            return list(scores)
-        except FutureTimeout:
-            reason = f"no scores within {self.timeout_s} s (reward.timeout_s)"
-            # the late call still holds its thread: later batches get a fresh one
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="reward-model")
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-        with self._lock:
-            self.failures += 1
-            self._last_error = reason
-        logger.warning(
-            "%s: %d response(s) scored %g as failed: %s (%d failed batch(es) so far)",
-            self.name,
-            len(responses),
-            self.failure_reward,
-            reason,
-            self.failures,
-        )
-        return [None] * len(responses)
-
-    _last_error = ""
+    def _checked_scores(self, prompts: list[Messages], responses: list[str]) -> list[float]:
+        """The scorer's scores, checked: one finite number per response."""
+        scores = [float(s) for s in self.scorer.score(prompts, responses)]
+        if len(scores) != len(responses) or not all(math.isfinite(s) for s in scores):
+            raise ValueError(f"scorer returned {scores!r} for {len(responses)} responses")
+        return scores
 
 
 @register_reward("reward_model")

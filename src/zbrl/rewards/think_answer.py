@@ -10,11 +10,6 @@ Scoring (format gating, eval mode, length shaping) is that of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from zbrl.rewards.deadline import DEFAULT_TIMEOUT_S
-from zbrl.rewards.length import LengthShaping
 from zbrl.rewards.math_reward import MathAnswerReward
 from zbrl.rewards.registry import register_reward
 
@@ -37,26 +32,10 @@ class ThinkAnswerReward(MathAnswerReward):
     )
     """The default system prompt: the format this reward checks."""
 
-    def __init__(
-        self,
-        *,
-        tags: Sequence[str] = DEFAULT_TAGS,
-        correct_reward: float = 1.0,
-        wrong_reward: float = 0.0,
-        format_reward: float = 0.0,
-        length_shaping: LengthShaping | Mapping[str, Any] | None = None,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        answer_field: str = "gt_answer",
-    ) -> None:
-        super().__init__(
-            correct_reward=correct_reward,
-            wrong_reward=wrong_reward,
-            format_reward=format_reward,
-            length_shaping=length_shaping,
-            timeout_s=timeout_s,
-            answer_field=answer_field,
-        )
-        tags = tuple(tags) if not isinstance(tags, str) else (tags,)
+    format_tags = DEFAULT_TAGS
+    """(think-open, think-close, answer-open, answer-close)."""
+
+    def check_tags(self, tags: tuple[str, ...]) -> tuple[str, ...]:
         if len(tags) != 4 or not all(isinstance(t, str) and t for t in tags):
             raise ValueError(
                 f"think_answer_tags: tags must be 4 non-empty strings (think-open, think-close, "
@@ -64,7 +43,7 @@ class ThinkAnswerReward(MathAnswerReward):
             )
         if len(set(tags)) != 4:
             raise ValueError(f"think_answer_tags: the 4 tags must be different, got {tags!r}")
-        self.tags: tuple[str, str, str, str] = tags  # type: ignore[assignment]
+        return tags
 
     def extract(self, response: str) -> tuple[str | None, bool, str | None]:
         _, _, open_tag, close_tag = self.tags

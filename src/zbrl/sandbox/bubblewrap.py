@@ -1,7 +1,7 @@
 """The bubblewrap jail of the code sandbox: the probe, the command line, and choosing a backend.
 
-``jail_argv`` builds the ``bwrap`` command line that :mod:`zbrl.rewards.sandbox` puts in front of
-its runner. What the jail contains (see ``docs/sandbox.md`` for the threat table):
+``jail_argv`` builds the ``bwrap`` command line that :mod:`zbrl.sandbox.execution` puts in front
+of its runner. What the jail contains (see ``docs/sandbox.md`` for the threat table):
 
 * its own user namespace (nested ones disabled), PID, mount, network, IPC, UTS and cgroup
   namespaces (``--unshare-all``): the host's processes, network interfaces and loopback services
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 JAIL_WORKDIR = "/tmp"
 """The jail's working directory, ``HOME`` and ``TMPDIR``: an empty tmpfs."""
-JAIL_RUNNER = "/zbrl/_sandbox_runner.py"
+JAIL_RUNNER = "/zbrl/sandbox/runner.py"
 """Where the runner script is bound (read-only) inside the jail."""
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Top-level system directories made visible, read-only (symlinks stay symlinks)."""

@@ -1,10 +1,11 @@
-"""Child side of the code sandbox (see ``zbrl.rewards.sandbox`` and ``docs/sandbox.md``).
+"""Child side of the code sandbox (see :mod:`zbrl.sandbox` and ``docs/sandbox.md``).
 
-Run by the sandbox as ``python -I -S -B -X utf8 _sandbox_runner.py`` with a minimal environment,
-as the leader of its own process group, in its working directory: a fresh temporary directory
-(``rlimits`` backend) or the empty tmpfs of a bubblewrap jail (``bwrap`` backend). This file is a
-standalone script: it imports only the standard library, and never ``subprocess``, ``socket`` or
-``ctypes`` (the candidate program inherits this interpreter's memory through ``fork``).
+Run by the sandbox as ``python -I -S -B -X utf8 runner.py`` (by its path, not as a module) with a
+minimal environment, as the leader of its own process group, in its working directory: a fresh
+temporary directory (``rlimits`` backend) or the empty tmpfs of a bubblewrap jail (``bwrap``
+backend). This file is a standalone script: it imports only the standard library, and never
+``subprocess``, ``socket`` or ``ctypes`` (the candidate program inherits this interpreter's memory
+through ``fork``).
 
 Protocol. The parent writes the job to the runner's stdin (a :mod:`marshal` dump) and closes it::
 
