@@ -29,7 +29,7 @@ kept, its recompute):
     python bench/inflight_updates.py --overhead .cache/zbrl/warm-<hash> --repeats 20
 
 ``--backend vllm`` (in .venv-vllm) times the same on the vLLM backend: ``LLM.generate`` against
-the engine stepped by hand (zbrl/rollout/backends/vllm_inflight.py) without and with a new
+the engine stepped by hand (zbrl/rollout/backends/vllm/inflight.py) without and with a new
 version every ``--chunk-tokens`` steps. The training runs take the backend from the overrides
 (``rollout.backend.type=vllm``).
 
@@ -131,12 +131,12 @@ def overhead_backend(name: str, model_dir: str):
 
     torch.set_num_threads(1)
     if name == "vllm":
-        from zbrl.rollout.backends.vllm_backend import VllmBackend
+        from zbrl.rollout.backends.vllm.backend import VllmBackend
         from zbrl.testing.backends import vllm_settings
 
         settings = vllm_settings(max_model_len=None, inflight_updates=True)
         return VllmBackend(model_dir, model_dir, settings)
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)

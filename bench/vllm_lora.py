@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine(model_dir: Path, lora, gpu_memory_utilization: float):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
     from zbrl.testing.backends import vllm_settings
 
     settings = vllm_settings(max_model_len=256, gpu_memory_utilization=gpu_memory_utilization)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     from zbrl.models.lora import AdapterMerger
     from zbrl.models.tiny import create_embedded_model
     from zbrl.rollout.backends.base import SamplingParams
-    from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
+    from zbrl.rollout.backends.vllm.lora import AdapterSpec, MergedAdapters
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

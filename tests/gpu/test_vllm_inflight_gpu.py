@@ -20,7 +20,7 @@ CHUNK = 4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     settings = vllm_settings(gpu_memory_utilization=0.3, inflight_updates=True)
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)

@@ -11,7 +11,7 @@ from role_settings import sampling_params
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.rollout.backends.base import InflightSwap
-from zbrl.rollout.backends.transformers_backend import TransformersBackend
+from zbrl.rollout.backends.transformers.backend import TransformersBackend
 from zbrl.testing.backends import reference_logprobs as forward_logprobs
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
@@ -146,7 +146,7 @@ def test_keeping_the_cache_samples_the_new_weights_over_the_old_keys_and_values(
     """``keep_cache``: no recompute after the swap; the tokens before it are the old weights'
     (with their log-probs), those after it carry the new version and log-probs that neither
     weight set gives on its own (new weights over the old keys and values)."""
-    from zbrl.rollout.backends.inflight import ChunkedGeneration
+    from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
 
     def no_recompute(*args):
         raise AssertionError("the cache was recomputed")

@@ -1,4 +1,4 @@
-"""The vLLM in-flight driver (zbrl.rollout.backends.vllm_inflight) against a scripted stand-in
+"""The vLLM in-flight driver (zbrl.rollout.backends.vllm.inflight) against a scripted stand-in
 for vLLM's ``LLMEngine``: which version each token is tagged with, when ``swap`` is called, what
 happens to the prefix cache in each ``after_swap`` mode, and that nothing is left in the engine
 after an error. No vLLM needed (tests/with_vllm/test_vllm_inflight.py runs the real engine)."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zbrl.rollout.backends.base import InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm_inflight import (
+from zbrl.rollout.backends.vllm.inflight import (
     ResponseTrace,
     SteppedGeneration,
     generate_inflight,
@@ -222,4 +222,4 @@ def test_engines_that_cannot_swap_between_steps_are_refused(backend, error, mess
     )
     inflight = InflightSwap(2, lambda: 0)
     with pytest.raises(error, match=message):
-        generate_inflight(backend, [[1, 2]], params, inflight)
+        generate_inflight(backend.llm, backend.adapters, [[1, 2]], params, inflight)

@@ -94,7 +94,7 @@ def ensure_demo_warm_start(
 
 def episode_runner(model, tokenizer) -> EpisodeRunner:
     """Greedy-capable episodes with the calculator in the tags format (the demo's setting)."""
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     backend = TransformersBackend(model, tokenizer)
     env = ToolEnvironment(

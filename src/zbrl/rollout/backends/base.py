@@ -1,17 +1,21 @@
 """The inference backend interface the Producer and the Evaluator call.
 
 A backend turns prompts (token ids) into completions with the sampled tokens' log-probs, swaps in
-new weights, and can release its memory. Anything implementing it (transformers today, vLLM on
-GPUs) plugs in without touching the Producer.
+new weights, can release its memory, and declares what it can do (``capabilities``, plain data
+declared on its config variant, :class:`zbrl.config.rollout.BackendCapabilities`). Each backend
+is a sub-package of :mod:`zbrl.rollout.backends` (``transformers/``, ``vllm/``) and plugs in
+without touching the Producer (docs/backends.md, Adding a backend).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
+
+from zbrl.config.rollout import BackendCapabilities
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ class InflightSwap:
 
 class InferenceBackend(Protocol):
     """Generation engine of a producer or evaluator."""
+
+    capabilities: ClassVar[BackendCapabilities]
+    """What it can do: the ``capabilities`` of its config variant."""
 
     def generate(
         self,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 from transformers.generation.stopping_criteria import (
     StoppingCriteria,
     StoppingCriteriaList,
@@ -35,6 +36,7 @@ from transformers.generation.stopping_criteria import (
 
 from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
 
 
 class _RowEnds(StoppingCriteria):
@@ -62,15 +64,21 @@ class _RowEnds(StoppingCriteria):
 class ChunkedGeneration:
     """One chunked generation of already expanded rows (one row per sample)."""
 
-    def __init__(self, backend: Any, params: SamplingParams, inflight: InflightSwap) -> None:
-        """``backend``: the :class:`~zbrl.rollout.backends.transformers_backend.TransformersBackend`
-        whose model, tokenizer and response-end rule the chunks use."""
-        self.backend = backend
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        responses: ResponseRule,
+        params: SamplingParams,
+        inflight: InflightSwap,
+    ) -> None:
+        """``model`` generates the chunks; ``responses``: where its responses end."""
+        self.model = model
+        self.responses = responses
         self.params = params
         self.inflight = inflight
         self.temperature = 1.0 if params.temperature == 0 else params.temperature
         stops = list(params.stop_strings)
-        self._stop = StopStringCriteria(backend.tokenizer, stops) if stops else None
+        self._stop = StopStringCriteria(responses.tokenizer, stops) if stops else None
 
     @torch.no_grad()
     def run(
@@ -93,7 +101,7 @@ class ChunkedGeneration:
         kwargs["stopping_criteria"] = StoppingCriteriaList([row_ends])
         remaining = self.params.max_new_tokens
         while True:
-            out = self.backend.model.generate(
+            out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
                 **dict(kwargs, max_new_tokens=min(self.inflight.chunk_tokens, remaining)),
@@ -101,9 +109,7 @@ class ChunkedGeneration:
             new_NC = out.sequences[:, input_ids.shape[1] :]
             tokens.append(new_NC.cpu())
             logits_CNV = torch.stack(out.logits, dim=0)
-            logprobs.append(
-                self.backend._sampled_logprobs(logits_CNV, tokens[-1], self.temperature)
-            )
+            logprobs.append(sampled_logprobs(logits_CNV, tokens[-1], self.temperature))
             versions.append(torch.full(new_NC.shape, version, dtype=torch.long))
             remaining -= new_NC.shape[1]
             input_ids = out.sequences
@@ -117,7 +123,7 @@ class ChunkedGeneration:
                 if not self.inflight.keep_cache:
                     cache = self._after_swap(input_ids, attention)
                 version = newer
-            kwargs[cache_argument(self.backend.model)] = cache
+            kwargs[cache_argument(self.model)] = cache
         all_tokens = torch.cat(tokens, dim=1)
         all_logprobs = torch.cat(logprobs, dim=1)
         all_versions = torch.cat(versions, dim=1)
@@ -130,7 +136,7 @@ class ChunkedGeneration:
         """The cache the next chunk continues from, after new weights were loaded: recomputed
         under them for every token but the last (which the next chunk feeds in)."""
         head, head_mask = input_ids[:, :-1], attention[:, :-1]
-        out = self.backend.model(
+        out = self.model(
             input_ids=head,
             attention_mask=head_mask,
             position_ids=left_padded_positions(head_mask),
@@ -144,7 +150,7 @@ class ChunkedGeneration:
     ) -> None:
         """Record the response length of each row that ended in this chunk, as ``generate``
         ended it: at its first EOS (included) or where its stop string matched."""
-        eos = torch.tensor(sorted(self.backend.eos_ids))
+        eos = torch.tensor(sorted(self.responses.eos_ids))
         for i in (~row_ends.ended_N).nonzero().flatten().tolist():
             at_eos = torch.isin(so_far_NL[i], eos).nonzero().flatten()
             candidates = [int(at_eos[0]) + 1] if at_eos.numel() else []
@@ -162,15 +168,7 @@ class ChunkedGeneration:
         end: int | None,
     ) -> Completion:
         if end is None:  # ran to max_new_tokens
-            length, stopped = self.backend._response_end(tokens, self.params.stop_strings)
+            length, stopped = self.responses.end(tokens, self.params.stop_strings)
         else:
             length, stopped = end, True
-        ids = tokens[:length].clone()
-        text = self.backend.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-        return Completion(
-            ids,
-            logprobs[:length].clone(),
-            text,
-            "stop" if stopped else "length",
-            versions=versions[:length].clone(),
-        )
+        return self.responses.completion(tokens, logprobs, length, stopped, versions)

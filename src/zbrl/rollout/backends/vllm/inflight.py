@@ -27,7 +27,7 @@ next step before the current one returns, which would run it under the old weigh
 tokens with the new version): ``VllmSettings.inflight_updates`` turns it off, and a generation on
 an engine that schedules asynchronously is refused. LoRA adapters served by vLLM
 (``lora_mode: adapters``) swap the same way: with in-flight updates every version replaces the
-last under one adapter id (:class:`zbrl.rollout.backends.vllm_lora.VllmAdapters`, ``in_place``),
+last under one adapter id (:class:`zbrl.rollout.backends.vllm.lora.VllmAdapters`, ``in_place``),
 which the running requests keep; an engine that gives each version a new id is refused.
 """
 
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm_backend import completion_of, sampled_logprobs
-from zbrl.rollout.backends.vllm_lora import VllmAdapters
+from zbrl.rollout.backends.vllm.lora import MergedAdapters, VllmAdapters
+from zbrl.rollout.backends.vllm.outputs import completion_of, request_params, sampled_logprobs
 
 REQUEST_PREFIX = "zbrl-inflight"
 """Request ids of in-flight generations (``LLM.generate`` numbers its own from 0)."""
@@ -179,17 +179,27 @@ class SteppedGeneration:
         return sampled
 
 
+def render_token_prompts(llm: Any, rows: list[list[int]]) -> list[Any]:
+    """``rows`` (prompt token ids) as the engine's inputs, rendered as ``LLM.generate`` renders
+    its prompts. vLLM 0.32 offers this rendering only through ``LLM._preprocess_cmpl`` (the one
+    call of a private vLLM method in zbrl; ``LLMEngine.add_request`` needs rendered prompts)."""
+    from vllm.inputs import TokensPrompt
+
+    return llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
+
+
 def generate_inflight(
-    backend: Any,
+    llm: Any,
+    adapters: VllmAdapters | MergedAdapters | None,
     prompts: list[list[int]],
     params: SamplingParams,
     inflight: InflightSwap,
 ) -> list[list[Completion]]:
-    """``VllmBackend.generate`` with in-flight updates: ``params.n`` completions per prompt."""
+    """``VllmBackend.generate`` with in-flight updates: ``params.n`` completions per prompt, on
+    the engine of ``llm`` (a ``vllm.LLM``) that serves LoRA ``adapters`` (None: plain weights)."""
     if not prompts:
         return []
-    engine = backend.llm.llm_engine
-    adapters = backend.adapters
+    engine = llm.llm_engine
     in_place = isinstance(adapters, VllmAdapters) and adapters.in_place
     if engine.vllm_config.lora_config is not None and not in_place:
         raise ValueError(
@@ -204,20 +214,19 @@ def generate_inflight(
             "schedules asynchronously; build the backend with VllmSettings.inflight_updates=True "
             "(zbrl does when rollout.inflight_updates.enabled=true)"
         )
-    from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
     greedy = params.temperature == 0
     per_prompt = 1 if greedy else params.n  # greedy: decode once, copy (as without in-flight)
-    request_params = backend._sampling_params(replace(params, n=1))
-    request_params.output_kind = RequestOutputKind.DELTA
+    one_each = request_params(replace(params, n=1))
+    one_each.output_kind = RequestOutputKind.DELTA
     rows = [list(p) for p in prompts for _ in range(per_prompt)]
 
-    def render(rows: list[list[int]]) -> list[Any]:  # as LLM.generate renders its prompts
-        return backend.llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
+    def render(rows: list[list[int]]) -> list[Any]:
+        return render_token_prompts(llm, rows)
 
-    lora = (lambda: backend.lora_request) if in_place else None
-    done = SteppedGeneration(engine, request_params, inflight, render, lora).run(rows)
+    lora = (lambda: adapters.request) if in_place else None
+    done = SteppedGeneration(engine, one_each, inflight, render, lora).run(rows)
     if greedy:
         return [[c.copy() for _ in range(params.n)] for c in done]
     return [done[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]
