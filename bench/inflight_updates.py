@@ -150,7 +150,7 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str)
     from zbrl.assembly.settings import sampling_params
     from zbrl.data.prompts import PromptEncoder
     from zbrl.data.synthetic import make_arithmetic_rows
-    from zbrl.rollout.backends.base import InflightSwap
+    from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
     backend = overhead_backend(backend_name, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -167,20 +167,21 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str)
         return next(counter)
 
     modes = {
-        "one call": {},
-        "chunks": {"inflight": InflightSwap(chunk_tokens, lambda: 0)},
-        "chunks+swaps": {"inflight": InflightSwap(chunk_tokens, new_version_each_time)},
-        "swaps, keep": {
-            "inflight": InflightSwap(chunk_tokens, new_version_each_time, keep_cache=True)
-        },
+        "one call": None,
+        "chunks": InflightSwap(chunk_tokens, lambda: 0),
+        "chunks+swaps": InflightSwap(chunk_tokens, new_version_each_time),
+        "swaps, keep": InflightSwap(chunk_tokens, new_version_each_time, keep_cache=True),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     tokens: dict[str, list[int]] = {m: [] for m in modes}
     for rep in range(repeats + 1):
-        for mode, kwargs in modes.items():
+        for mode, inflight in modes.items():
             torch.manual_seed(rep)
             start = time.perf_counter()
-            out = backend.generate(prompts, params, **kwargs)
+            if inflight is None:
+                out = backend.generate(prompts, params)
+            else:
+                out = generate_inflight(backend, prompts, params, inflight)
             if rep:  # the first round warms up
                 times[mode].append(time.perf_counter() - start)
                 tokens[mode].append(sum(int(c.token_ids.numel()) for cs in out for c in cs))

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 from zbrl.testing.backends import vllm_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
@@ -56,7 +57,7 @@ def test_a_swap_on_gpu_gives_each_token_its_versions_logprob(engine, tiny_model_
     params = SamplingParams(
         n=4, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=24, stop_strings=()
     )
-    out = engine.generate(PROMPTS, params, inflight=InflightSwap(CHUNK, swap))
+    out = generate_inflight(engine, PROMPTS, params, InflightSwap(CHUNK, swap))
     old, new = old.cuda().eval(), new.cuda().eval()
     spans = 0
     for prompt, group in zip(PROMPTS, out):

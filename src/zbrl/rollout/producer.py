@@ -29,12 +29,8 @@ from zbrl.data.sampler import ShardedSampler
 from zbrl.environments import runner as episode_runner  # a module: runner imports rollout too
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rng import rng_state, set_rng_state
-from zbrl.rollout.backends.base import (
-    Completion,
-    InferenceBackend,
-    InflightSwap,
-    SamplingParams,
-)
+from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightReceiver
@@ -213,14 +209,15 @@ class Producer:
             self.versions_loaded += 1
         return self.receiver.loaded_version
 
-    def _inflight_kwargs(self) -> dict[str, InflightSwap]:
-        """``generate``'s keyword for in-flight updates: none when they are off (a backend
-        without them keeps its plain signature) or for episodes (swapped between batches)."""
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """One generation with the loaded weights or, with in-flight updates, in chunks that the
+        producer advances, swapping in newer weights between them
+        (:func:`zbrl.rollout.inflight.generate_inflight`)."""
         chunk = self.settings.inflight_chunk_tokens
-        if chunk is None or self.episodes is not None:
-            return {}
-        swap = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
-        return {"inflight": swap}
+        if chunk is None:
+            return self.backend.generate(prompts, params)
+        swaps = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
+        return generate_inflight(self.backend, prompts, params, swaps)
 
     def _next_prompts(self, n: int) -> list[tuple[EncodedPrompt, int, float]]:
         out = []
@@ -246,9 +243,7 @@ class Producer:
             if self.episodes is not None:
                 completions = self.episodes.run([p for p, _, _ in chunk], params, version)
             else:
-                completions = self.backend.generate(
-                    [p.prompt_ids for p, _, _ in chunk], params, **self._inflight_kwargs()
-                )
+                completions = self._generate([p.prompt_ids for p, _, _ in chunk], params)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
             scored = self._score(chunk, completions)
         return [

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import TransformersBackend as TransformersOptions
 from zbrl.models.kv_cache import cache_argument, left_pad, left_padded_positions, output_cache
-from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
+from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
 from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
 from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
 
@@ -54,16 +54,35 @@ class TransformersBackend:
         self.responses = ResponseRule(tokenizer, self.eos_ids, self.pad_id)
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        inflight: InflightSwap | None = None,
-    ) -> list[list[Completion]]:
-        """``params.n`` completions per prompt; with ``inflight``, generated in chunks with new
-        weights between them (:mod:`zbrl.rollout.backends.transformers.inflight`)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, each in one ``generate`` call."""
         if not prompts:
             return []
+        input_ids, attention, kwargs = self._prefilled(prompts, params)
+        completions = self._generate_once(input_ids, attention, kwargs, params)
+        return grouped(completions, params.n, greedy=params.temperature == 0)
+
+    @torch.no_grad()
+    def start(
+        self, prompts: list[list[int]], params: SamplingParams, version: int, keep_cache: bool
+    ) -> ChunkedGeneration:
+        """A generation in chunks that its caller advances, with new weights possible between
+        chunks (:mod:`zbrl.rollout.backends.transformers.inflight`)."""
+        input_ids, attention, kwargs = self._prefilled(prompts, params)
+        per_prompt = kwargs["num_return_sequences"]
+        if per_prompt > 1:  # one-token prompts: no prefill to share
+            input_ids = input_ids.repeat_interleave(per_prompt, dim=0)
+            attention = attention.repeat_interleave(per_prompt, dim=0)
+            kwargs["num_return_sequences"] = 1
+        return ChunkedGeneration(
+            self.model, self.responses, params, input_ids, attention, kwargs, version, keep_cache
+        )
+
+    def _prefilled(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The left-padded prompts, their attention mask and ``generate``'s arguments, each
+        prompt prefilled once for its samples where it has more than one token."""
         input_ids, attention = self._left_pad(prompts)
         greedy = params.temperature == 0
         # greedy decoding gives the same answer n times: decode once, copy (transformers refuses
@@ -86,22 +105,9 @@ class TransformersBackend:
             )
         if params.stop_strings:
             kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
-        # with in-flight updates, the newest weights before anything runs under them
-        version = inflight.swap() if inflight is not None else 0
         if per_prompt > 1 and input_ids.shape[1] > 1:
             input_ids, attention = self._prefill_once(input_ids, attention, per_prompt, kwargs)
-        if inflight is not None:
-            if kwargs["num_return_sequences"] > 1:  # one-token prompts: no prefill to share
-                input_ids = input_ids.repeat_interleave(per_prompt, dim=0)
-                attention = attention.repeat_interleave(per_prompt, dim=0)
-                kwargs["num_return_sequences"] = 1
-            chunked = ChunkedGeneration(self.model, self.responses, params, inflight)
-            completions = chunked.run(input_ids, attention, kwargs, version)
-        else:
-            completions = self._generate_once(input_ids, attention, kwargs, params)
-        if greedy:
-            return [[c.copy() for _ in range(params.n)] for c in completions]
-        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        return input_ids, attention, kwargs
 
     def _generate_once(
         self,

@@ -26,8 +26,8 @@ import torch
 
 from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import VllmBackend as VllmOptions
-from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm.inflight import generate_inflight
+from zbrl.rollout.backends.base import Completion, SamplingParams
+from zbrl.rollout.backends.vllm.inflight import SteppedGeneration, start_stepping
 from zbrl.rollout.backends.vllm.lora import (
     AdapterSpec,
     MergedAdapters,
@@ -155,14 +155,7 @@ class VllmBackend:
         if isinstance(lora, AdapterSpec):  # in-flight: running requests follow each version
             self.adapters = VllmAdapters(self.llm, lora, in_place=s.inflight_updates)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        inflight: InflightSwap | None = None,
-    ) -> list[list[Completion]]:
-        if inflight is not None:  # new weights between engine steps
-            return generate_inflight(self.llm, self.adapters, prompts, params, inflight)
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt
@@ -180,6 +173,13 @@ class VllmBackend:
         if greedy:
             return [[group[0].copy() for _ in range(params.n)] for group in groups]
         return groups
+
+    def start(
+        self, prompts: list[list[int]], params: SamplingParams, version: int, keep_cache: bool
+    ) -> SteppedGeneration:
+        """A generation its caller advances by engine steps, with new weights possible between
+        them (:mod:`.inflight`)."""
+        return start_stepping(self.llm, self.adapters, prompts, params, version, keep_cache)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Swap the weights into the running engine (names as in the trainer's ``state_dict``);
