@@ -207,11 +207,14 @@ class SteppedGeneration:
 
 def render_token_prompts(llm: Any, rows: list[list[int]]) -> list[Any]:
     """``rows`` (prompt token ids) as the engine's inputs, rendered as ``LLM.generate`` renders
-    its prompts. vLLM 0.32 offers this rendering only through ``LLM._preprocess_cmpl`` (the one
-    call of a private vLLM method in zbrl; ``LLMEngine.add_request`` needs rendered prompts)."""
+    its prompts: parsed for the model, then the engine's renderer with its default completion
+    tokenization settings (what ``LLMEngine.add_request`` asks for instead of raw prompts)."""
     from vllm.inputs import TokensPrompt
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
 
-    return llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
+    renderer = llm.renderer
+    parsed = [parse_model_prompt(llm.model_config, TokensPrompt(prompt_token_ids=r)) for r in rows]
+    return list(renderer.render_cmpl(parsed, renderer.default_cmpl_tok_params.with_kwargs()))
 
 
 def start_stepping(
