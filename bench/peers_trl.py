@@ -64,6 +64,7 @@ class Shared:
 
     def __init__(self, cfg, cores: int) -> None:
         from zbrl.assembly.artifacts import prepare_artifacts
+        from zbrl.assembly.environments import build_episode_runner
         from zbrl.assembly.models import compute_dtype, load_policy, load_tokenizer
         from zbrl.assembly.rewards import build_reward_fn
         from zbrl.assembly.settings import eval_sampling_params
@@ -86,11 +87,13 @@ class Shared:
         self.backend = TransformersBackend(
             self.load_policy(self.artifacts.model_dir), self.tokenizer
         )
+        params = eval_sampling_params(cfg)
         self.evaluator = Evaluator(
             self.backend,
+            build_episode_runner(cfg, self.backend, params.max_new_tokens),
             self.reward_fn,
             [EvalSet(self.eval_name, eval_prompts)],
-            eval_sampling_params(cfg),
+            params,
             batch_size=cfg.eval.batch_size,
             out_dir=None,
         )

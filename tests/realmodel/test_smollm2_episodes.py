@@ -11,12 +11,13 @@ import torch
 
 from zbrl.config import load_config
 from zbrl.environments.base import EnvTurn
-from zbrl.environments.runner import EpisodeLimitSettings, EpisodeRunner
 from zbrl.environments.tool_env import ToolEnvironment, ToolSettings
 from zbrl.environments.tools import Calculator, SandboxedPython
-from zbrl.environments.turns import TurnFormatter
 from zbrl.models import catalogue
 from zbrl.rollout.backends.base import Completion, SamplingParams
+from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
+from zbrl.rollout.transcripts import ChatTranscript
+from zbrl.rollout.turns import TurnFormatter
 from zbrl.types import EncodedPrompt
 
 pytestmark = pytest.mark.realmodel
@@ -86,13 +87,12 @@ def test_chatml_episode_is_token_exact_and_renders_as_the_template(tokenizer):
         ToolSettings("hermes", "reply", 200, 5.0, False),
     )
     runner = EpisodeRunner(
-        backend,
         env,
-        TurnFormatter(tokenizer, "tool", eos_ids=backend.eos_ids),
+        ChatTranscript(TurnFormatter(tokenizer, "tool", eos_ids=backend.eos_ids)),
         EpisodeLimitSettings(max_turns=4, max_total_tokens=400),
     )
     p = prompt(tokenizer, "What is 347*628?")
-    ((episode,),) = runner.run([p], params(1))
+    ((episode,),) = runner.run(backend.generate, [p], params(1))
     response = episode.token_ids.tolist()
     for turn in episode.turns:
         span = response[turn["start"] : turn["end"]]
@@ -137,13 +137,12 @@ def test_smollm2_samples_episodes_whose_trained_logprobs_match(smollm2_dir, toke
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
     backend = TransformersBackend(model, tokenizer)
     runner = EpisodeRunner(
-        backend,
         Nudge(),
-        TurnFormatter(tokenizer, "user", eos_ids=backend.eos_ids),
+        ChatTranscript(TurnFormatter(tokenizer, "user", eos_ids=backend.eos_ids)),
         EpisodeLimitSettings(max_turns=2, max_total_tokens=160),
     )
     p = prompt(tokenizer, "What is 2+3? Answer with one number.")
-    (episodes,) = runner.run([p], params(2, max_new_tokens=24))
+    (episodes,) = runner.run(backend.generate, [p], params(2, max_new_tokens=24))
     for ep in episodes:
         sequence = torch.tensor([p.prompt_ids + ep.token_ids.tolist()])
         with torch.no_grad():

@@ -3,10 +3,11 @@ given (decoded with the embedded tokenizer); every context it sees is recorded."
 
 import torch
 
-from zbrl.environments.runner import EpisodeLimitSettings, EpisodeRunner
-from zbrl.environments.turns import TurnFormatter
 from zbrl.models.tokenizer import build_tokenizer
 from zbrl.rollout.backends.base import Completion
+from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
+from zbrl.rollout.transcripts import ChatTranscript
+from zbrl.rollout.turns import TurnFormatter
 
 TOKENIZER = build_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -61,9 +62,8 @@ class ScriptedBackend:
 
 def runner(backend, environment, *, max_turns=4, max_total_tokens=400, score_final_turn=True):
     return EpisodeRunner(
-        backend,
         environment,
-        TurnFormatter(backend.tokenizer, "user", eos_ids=backend.eos_ids),
+        ChatTranscript(TurnFormatter(backend.tokenizer, "user", eos_ids=backend.eos_ids)),
         EpisodeLimitSettings(max_turns=max_turns, max_total_tokens=max_total_tokens),
         score_final_turn=score_final_turn,
     )

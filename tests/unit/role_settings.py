@@ -24,6 +24,21 @@ def run_config(*overrides: str) -> RunConfig:
     return _cached_config(tuple(overrides))
 
 
+@lru_cache(maxsize=1)
+def _tokenizer():
+    from zbrl.models.tokenizer import build_tokenizer
+
+    return build_tokenizer()
+
+
+def single_turn(params):
+    """The episode runner of plain prompts sampled with ``params`` (as the run's assembly builds
+    it), with the embedded tokenizer."""
+    from zbrl.rollout.single_turn import single_turn_episodes
+
+    return single_turn_episodes(_tokenizer(), params.max_new_tokens)
+
+
 def sampling_params(*overrides: str, **fields: Any):
     return replace(settings.sampling_params(run_config(*overrides)), **fields)
 

@@ -13,12 +13,13 @@ from pydantic import ValidationError
 from zbrl.config import RunConfig
 from zbrl.config.environments import CalculatorTool, PythonTool, ToolsEnvironment
 from zbrl.environments.build import build_environment
-from zbrl.environments.runner import EpisodeCompletion, episode_result, sum_counts
 from zbrl.environments.tool_env import ToolEnvironment
 from zbrl.environments.tools import Calculator, SandboxedPython
-from zbrl.environments.turns import TurnFormatter
 from zbrl.errors import RunError
 from zbrl.rewards.base import RewardResult
+from zbrl.rollout.episodes import EpisodeCompletion, episode_result
+from zbrl.rollout.transcripts import sum_counts
+from zbrl.rollout.turns import TurnFormatter
 from zbrl.training.consumer import _env_metrics, _episode_fields
 from zbrl.types import RolloutGroup
 
@@ -214,8 +215,8 @@ def test_the_documented_custom_environment_runs(tmp_path, monkeypatch):
     """docs/environments.md's example, copied into a module as a user would, plays a game."""
     from episode_stubs import ScriptedBackend, encoded, runner
 
-    from zbrl.environments.runner import episode_result
     from zbrl.rollout.backends.base import SamplingParams
+    from zbrl.rollout.episodes import episode_result
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
     code = doc.split("## A custom environment", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -238,7 +239,7 @@ def test_the_documented_custom_environment_runs(tmp_path, monkeypatch):
     backend = ScriptedBackend(play)
     episodes = runner(backend, build_environment(config), max_turns=6)
     params = SamplingParams(1, 1.0, 1.0, -1, 20, ())
-    ((ep,),) = episodes.run([encoded("Guess", gt="62")], params)
+    ((ep,),) = episodes.run(backend.generate, [encoded("Guess", gt="62")], params)
     model_turns = [t["text"] for t in ep.turns if t["role"] == "model"]
     assert model_turns == ["50", "75", "hmm", "60", "62"]
     assert [t.get("info", {}).get("guess") for t in ep.turns][1::2] == [50, 75, None, 60]

@@ -51,7 +51,9 @@ def check_exact(backend, prompt, episode):
 def test_embedded_tokenizer_episode_is_token_exact():
     backend = ScriptedBackend(calculator_script)
     prompt = encoded("12*34", gt="408")
-    (episodes,) = runner(backend, calculator_env()).run([prompt], params(), version=7)
+    (episodes,) = runner(backend, calculator_env()).run(
+        backend.generate, [prompt], params(), version=7
+    )
     tool_user, direct = episodes
     assert TOKENIZER.decode(prompt.prompt_ids + tool_user.token_ids.tolist()) == (
         "<|bos|><|user|>12*34<|end|><|assistant|><calc>12*34</calc><|end|>"
@@ -77,7 +79,7 @@ def test_turn_ended_by_a_stop_string_gets_the_template_close():
     template's end of turn, so the sequence is what the template would have written."""
     backend = ScriptedBackend(calculator_script, eos=False)
     prompt = encoded("2*3", gt="6")
-    (episodes,) = runner(backend, calculator_env()).run([prompt], params(n=1))
+    (episodes,) = runner(backend, calculator_env()).run(backend.generate, [prompt], params(n=1))
     (ep,) = episodes
     assert ep.turns[1]["text"] == "<|end|><|user|>6<|end|><|assistant|>"
     assert TOKENIZER.decode(ep.token_ids.tolist()) == (
@@ -88,7 +90,9 @@ def test_turn_ended_by_a_stop_string_gets_the_template_close():
 
 def test_turn_limit_ends_the_episode():
     backend = ScriptedBackend(lambda context, j: "<calc>1+1</calc>")  # calls forever
-    (episodes,) = runner(backend, calculator_env(), max_turns=3).run([encoded("x")], params(n=1))
+    (episodes,) = runner(backend, calculator_env(), max_turns=3).run(
+        backend.generate, [encoded("x")], params(n=1)
+    )
     (ep,) = episodes
     assert ep.counts == {"turns": 3, "tool_calls": 3, "turn_limit": 1}
     assert [t["role"] for t in ep.turns] == ["model", "env", "model", "env", "model"]
@@ -98,7 +102,9 @@ def test_turn_limit_ends_the_episode():
 def test_token_limit_cuts_the_model_turn():
     backend = ScriptedBackend(lambda context, j: "<calc>1+1</calc>" if j == 0 else "9" * 80)
     limits = dict(max_turns=10, max_total_tokens=40)
-    (episodes,) = runner(backend, calculator_env(), **limits).run([encoded("x")], params(n=2))
+    (episodes,) = runner(backend, calculator_env(), **limits).run(
+        backend.generate, [encoded("x")], params(n=2)
+    )
     calls, long = episodes
     assert len(calls.token_ids) <= 40 and calls.counts["token_limit"] == 1
     assert calls.finish_reason == "length"
@@ -118,7 +124,9 @@ def test_a_failing_environment_ends_its_episode_only():
             return EnvTurn(message="again", reward=0.25, counts={"pokes": 1})
 
     backend = ScriptedBackend(lambda context, j: "boom" if j == 0 and "ok" not in context else "ok")
-    (episodes,) = runner(backend, Flaky(), max_turns=3).run([encoded("x")], params(n=2))
+    (episodes,) = runner(backend, Flaky(), max_turns=3).run(
+        backend.generate, [encoded("x")], params(n=2)
+    )
     broken, fine = episodes
     assert broken.counts == {"turns": 1, "env_errors": 1}
     assert "environment bug" in broken.turns[-1]["info"]["error"]
@@ -144,7 +152,7 @@ def produce(backend, prompts, n=2):
         None,
         None,
         SpanRecorder("producer-0", "producer"),
-        episodes=episodes,
+        episodes,
     )
     chunk = [(p, 0, 1.0) for p in prompts]
     return producer._rollout(chunk, list(range(len(prompts))), version=3)
@@ -210,7 +218,7 @@ def test_policy_logprobs_of_the_trained_sequence_match_the_sampled_ones(tiny_mod
     backend = TransformersBackend(model, TOKENIZER)
     prompt = encoded("1+1")
     (episodes,) = runner(backend, Echo(), max_turns=3, max_total_tokens=120).run(
-        [prompt], params(n=2, max_new_tokens=40)
+        backend.generate, [prompt], params(n=2, max_new_tokens=40)
     )
     for ep in episodes:
         assert ep.counts["turns"] >= 2
@@ -231,7 +239,7 @@ def test_the_tool_demos_warm_start_trains_the_sequences_episodes_produce():
     builds when the model follows the trace."""
     from zbrl.environments import demo_task
     from zbrl.environments.demo_warm_start import sequence
-    from zbrl.environments.turns import TurnFormatter
+    from zbrl.rollout.turns import TurnFormatter
 
     row = demo_task.make_rows(1, seed=0, split="train", tools=True)[0]
     a, b = demo_task.operands(row)
@@ -242,7 +250,7 @@ def test_the_tool_demos_warm_start_trains_the_sequences_episodes_produce():
     backend = ScriptedBackend(lambda context, j: turns[context.count("<|assistant|>") - 1])
     template = TOKENIZER.apply_chat_template(row["messages"], add_generation_prompt=True)
     prompt = EncodedPrompt("d", list(template["input_ids"]), row)
-    ((ep,),) = runner(backend, calculator_env()).run([prompt], params(n=1))
+    ((ep,),) = runner(backend, calculator_env()).run(backend.generate, [prompt], params(n=1))
     assert prompt_ids == prompt.prompt_ids
     assert ep.token_ids.tolist() == ids and ep.loss_mask.tolist() == mask
     assert ep.text == f"<answer>{a * b}</answer>"
@@ -272,9 +280,11 @@ def test_tool_calls_of_a_batch_run_in_parallel_only_for_thread_safe_tools():
     script = ScriptedBackend(lambda context, j: "<meet>1</meet>" if "met" not in context else "ok")
     env = ToolEnvironment([Meeting(thread_safe=True)], settings)
     assert env.parallel_steps
-    (episodes,) = runner(script, env).run([encoded("x")], params(n=2))
+    episode_runner = runner(script, env)
+    (episodes,) = episode_runner.run(script.generate, [encoded("x")], params(n=2))
     assert [ep.counts.get("tool_crashes", 0) for ep in episodes] == [0, 0]
-    assert all("<|user|>met<|end|>" in ep.transcript for ep in episodes)
+    transcripts = [episode_runner.sample_record(ep)["transcript"] for ep in episodes]
+    assert all("<|user|>met<|end|>" in t for t in transcripts)
     serial = ToolEnvironment([Meeting(thread_safe=False)], settings)
     assert (
         not serial.parallel_steps

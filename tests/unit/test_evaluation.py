@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from role_settings import sampling_params
+from role_settings import sampling_params, single_turn
 
 from zbrl.cli import main
 from zbrl.evaluation.evaluator import EvalSet, Evaluator, evaluate_set, ks_for, pass_at_k
@@ -36,7 +36,8 @@ def test_ks_for():
 
 
 class ScriptedBackend:
-    """Answers prompt i with the texts in ``answers[i]``."""
+    """Answers prompt i with the texts in ``answers[i]`` (one token per character, at most
+    ``max_new_tokens`` of them, as a backend samples)."""
 
     def __init__(self, answers):
         self.answers = answers
@@ -47,8 +48,9 @@ class ScriptedBackend:
             texts = self.answers[ids[0]][: params.n]
             out.append(
                 [
-                    Completion(torch.ones(len(t), dtype=torch.long), torch.zeros(len(t)), t, "stop")
+                    Completion(torch.ones(n, dtype=torch.long), torch.zeros(n), t, "stop")
                     for t in texts
+                    for n in [min(len(t), params.max_new_tokens)]
                 ]
             )
         return out
@@ -79,7 +81,12 @@ def test_evaluate_set_accuracy_pass_at_k_and_records(tmp_path):
     reward = build_reward("think_answer_tags")
     params = sampling_params(n=2, temperature=0.6, max_new_tokens=32)
     metrics, records = evaluate_set(
-        ScriptedBackend(answers), reward, EvalSet("toy", prompts), params, batch_size=1
+        ScriptedBackend(answers),
+        single_turn(params),
+        reward,
+        EvalSet("toy", prompts),
+        params,
+        batch_size=1,
     )
     assert metrics["accuracy"] == pytest.approx(0.5)
     assert metrics["format_acc"] == pytest.approx(0.75)
@@ -91,6 +98,7 @@ def test_evaluate_set_accuracy_pass_at_k_and_records(tmp_path):
     )
     ev = Evaluator(
         ScriptedBackend(answers),
+        single_turn(params),
         reward,
         [EvalSet("toy", prompts)],
         params,

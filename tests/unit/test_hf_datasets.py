@@ -9,7 +9,7 @@ import socket
 import datasets
 import pytest
 import torch
-from role_settings import buffer_settings, producer_settings, sampling_params
+from role_settings import buffer_settings, producer_settings, sampling_params, single_turn
 
 from zbrl.assembly.datasets import dataset_refs, encode_prompts, load_set_examples
 from zbrl.assembly.rewards import build_reward_fn
@@ -257,11 +257,12 @@ def test_a_datasets_column_reaches_a_user_reward_through_the_producer(tmp_path, 
         WeightStoreClient(LocalHandle(WeightStore())), poll_interval_s=0.01, initial_version=0
     )
     answers = dict(zip(ROWS["question"], ROWS["answer"]))
+    sampling = sampling_params(n=2, temperature=1.0, max_new_tokens=4)
     producer = Producer(
         producer_settings(
             index=0,
             num_producers=1,
-            sampling=sampling_params(n=2, temperature=1.0, max_new_tokens=4),
+            sampling=sampling,
             inference_batch_size=1,
             inference_microbatch_size=1,
             num_epochs=1,
@@ -274,6 +275,7 @@ def test_a_datasets_column_reaches_a_user_reward_through_the_producer(tmp_path, 
         BufferClient(LocalHandle(buffer)),
         receiver,
         SpanRecorder("producer-0", "producer"),
+        single_turn(sampling),
     )
     try:
         assert producer.run().groups == 3

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zbrl.assembly import datasets, rewards, settings
+from zbrl.assembly.environments import build_episode_runner
 from zbrl.config import load_config
 from zbrl.rollout.backends.transformers.backend import TransformersBackend
 from zbrl.rollout.producer import Producer
@@ -51,6 +52,7 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
         BufferClient(LocalHandle(buffer)),
         receiver,
         prec,
+        build_episode_runner(cfg, backend, cfg.rollout.generation.max_new_tokens),
     )
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     before = {k: v.clone() for k, v in policy.state_dict().items()}

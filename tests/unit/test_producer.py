@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from role_settings import buffer_settings, producer_settings, sampling_params
+from role_settings import buffer_settings, producer_settings, sampling_params, single_turn
 
 from zbrl.rewards.base import BaseReward, RewardResult
 from zbrl.rollout import producer as producer_module
@@ -131,6 +131,7 @@ class Rig:
             BufferClient(LocalHandle(self.buffer)),
             receiver,
             SpanRecorder(f"producer-{index}", "producer"),
+            single_turn(kw["sampling"]),
         )
         return producer, backend, reward
 

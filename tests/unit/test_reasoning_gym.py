@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from role_settings import sampling_params
+from role_settings import sampling_params, single_turn
 
 from zbrl.assembly.datasets import check_data_source, dataset_refs, load_set_examples
 from zbrl.assembly.rewards import build_reward_fn, default_system_prompt
@@ -236,7 +236,12 @@ def test_evaluator_scores_held_out_problems_with_the_reasoning_gym_reward():
     reward.timeout_s = None
     params = sampling_params(n=1, temperature=0.0, max_new_tokens=24)
     metrics, records = evaluate_set(
-        EchoBackend(texts), reward, EvalSet("heldout", prompts), params, batch_size=2
+        EchoBackend(texts),
+        single_turn(params),
+        reward,
+        EvalSet("heldout", prompts),
+        params,
+        batch_size=2,
     )
     assert metrics["accuracy"] == pytest.approx(0.75)
     assert metrics["num_prompts"] == 4.0

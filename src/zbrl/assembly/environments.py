@@ -1,5 +1,5 @@
-"""The episode runner of a multi-turn run (``environment`` set), around a producer's or the
-evaluator's backend; None for single-turn runs."""
+"""The episode runner of a run, for a producer's or the evaluator's backend: multi-turn episodes
+of the configured ``environment``, or single-turn ones (plain prompts) without one."""
 
 from __future__ import annotations
 
@@ -10,22 +10,26 @@ from zbrl.config import RunConfig
 from zbrl.config.environments import CalculatorTool, ToolsEnvironment
 
 
-def build_episode_runner(cfg: RunConfig, backend: Any):
-    """An :class:`~zbrl.environments.runner.EpisodeRunner` on ``backend`` (its tokenizer formats
-    the environment's messages), or None without ``environment``."""
+def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
+    """An :class:`~zbrl.rollout.episodes.EpisodeRunner` for ``backend`` (its tokenizer formats
+    the environment's messages): the configured environment's episodes, or single-turn episodes
+    within ``max_new_tokens`` (the sampling budget of the producer or evaluator it serves)
+    without ``environment``."""
+    from zbrl.rollout.single_turn import single_turn_episodes
+
     env_cfg = cfg.environment
-    if env_cfg is None:
-        return None
+    if env_cfg is None:  # which environment the config asks for; the rollout path is the same
+        return single_turn_episodes(backend.tokenizer, max_new_tokens)
     from zbrl.environments.build import build_environment
-    from zbrl.environments.runner import EpisodeLimitSettings, EpisodeRunner
-    from zbrl.environments.turns import TurnFormatter
+    from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
+    from zbrl.rollout.transcripts import ChatTranscript
+    from zbrl.rollout.turns import TurnFormatter
 
     tokenizer = backend.tokenizer
     eos_ids = set(getattr(backend, "eos_ids", None) or {tokenizer.eos_token_id})
     return EpisodeRunner(
-        backend,
         build_environment(env_cfg),
-        TurnFormatter(tokenizer, env_cfg.message_role, eos_ids=eos_ids),
+        ChatTranscript(TurnFormatter(tokenizer, env_cfg.message_role, eos_ids=eos_ids)),
         EpisodeLimitSettings(
             max_turns=env_cfg.limits.max_turns,
             max_total_tokens=env_cfg.limits.max_total_tokens,

@@ -1,9 +1,10 @@
 """The environment protocol: an episode starts from a dataset example, answers each model turn
 with a message (or ends), and may add a reward per turn.
 
-The runner (:mod:`zbrl.environments.runner`) owns the tokens: an environment sees and returns
-text only. It never renders the conversation; the runner formats each message through the chat
-template once and appends its tokens to the ones the policy generated.
+The episode runner (:mod:`zbrl.rollout.episodes`, which sits above this package and imports only
+this protocol) owns the tokens: an environment sees and returns text only. It never renders the
+conversation; the runner formats each message through the chat template once and appends its
+tokens to the ones the policy generated.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ directly), cached like the addition warm start (:mod:`zbrl.models.warm_start`).
 
 Each training sequence is built the way an episode is: the prompt through the chat template,
 each assistant turn's text and EOS (in the loss), and the calculator's message as the episode
-runner appends it (:class:`~zbrl.environments.turns.TurnFormatter`; outside the loss). So the
+runner appends it (:class:`~zbrl.rollout.turns.TurnFormatter`; outside the loss). So the
 warm start and RL train the same token sequences. Training stops after ``steps`` or once greedy
 accuracy on a probe of unseen training problems, run as real episodes, reaches
 ``stop_at_accuracy``.
@@ -20,18 +20,20 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from zbrl.data.synthetic import extract_answer
 from zbrl.environments import demo_task
-from zbrl.environments.runner import EpisodeLimitSettings, EpisodeRunner
 from zbrl.environments.tool_env import ToolEnvironment, ToolSettings
 from zbrl.environments.tools import Calculator
-from zbrl.environments.turns import TurnFormatter
 from zbrl.models.tiny import build_tiny_model, save_model_dir
 from zbrl.models.tokenizer import build_tokenizer
 from zbrl.models.warm_start import MARKER
+from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
+from zbrl.rollout.transcripts import ChatTranscript
+from zbrl.rollout.turns import TurnFormatter
 
 _CACHE_VERSION = 1
 PROBE_SIZE = 64
@@ -92,8 +94,9 @@ def ensure_demo_warm_start(
     return target
 
 
-def episode_runner(model, tokenizer) -> EpisodeRunner:
-    """Greedy-capable episodes with the calculator in the tags format (the demo's setting)."""
+def episode_runner(model, tokenizer) -> tuple[EpisodeRunner, Any]:
+    """Greedy-capable episodes with the calculator in the tags format (the demo's setting), and
+    the backend that generates them."""
     from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     backend = TransformersBackend(model, tokenizer)
@@ -107,12 +110,12 @@ def episode_runner(model, tokenizer) -> EpisodeRunner:
             stop_after_call=False,
         ),
     )
-    return EpisodeRunner(
-        backend,
+    runner = EpisodeRunner(
         env,
-        TurnFormatter(tokenizer, "user", eos_ids=backend.eos_ids),
+        ChatTranscript(TurnFormatter(tokenizer, "user", eos_ids=backend.eos_ids)),
         EpisodeLimitSettings(max_turns=MAX_TURNS, max_total_tokens=MAX_TOTAL_TOKENS),
     )
+    return runner, backend
 
 
 def sequence(tokenizer, formatter: TurnFormatter, row: dict, *, tools: bool):
@@ -143,7 +146,7 @@ def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, temperature: fl
     from zbrl.rollout.backends.base import SamplingParams
     from zbrl.types import EncodedPrompt
 
-    runner = episode_runner(model, tokenizer)
+    runner, backend = episode_runner(model, tokenizer)
     if not tools:
         runner.limits = EpisodeLimitSettings(max_turns=1, max_total_tokens=MAX_TOTAL_TOKENS)
     params = SamplingParams(
@@ -162,7 +165,8 @@ def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, temperature: fl
     correct = 0
     for start in range(0, len(prompts), 64):
         for prompt, (episode,) in zip(
-            prompts[start : start + 64], runner.run(prompts[start : start + 64], params)
+            prompts[start : start + 64],
+            runner.run(backend.generate, prompts[start : start + 64], params),
         ):
             correct += extract_answer(episode.text) == prompt.example["gt_answer"]
     return correct / max(1, len(rows))

@@ -63,8 +63,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     ]
     backend = build_backend(cfg, model_dir, model_dir)
     reward = build_eval_reward_fn(cfg)
-    episodes = build_episode_runner(cfg, backend)  # None for single-turn runs
     params = eval_sampling_params(cfg)
+    episodes = build_episode_runner(cfg, backend, params.max_new_tokens)
     out_dir = Path(args.out) if args.out else None
     rows = []
     torch.manual_seed(0)
@@ -73,12 +73,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
         with tqdm(total=len(prompts), desc=f"eval {name}", unit="prompt") as bar:
             metrics, records = evaluate_set(
                 backend,
+                episodes,
                 reward,
                 EvalSet(name, prompts),
                 params,
                 batch_size=cfg.eval.batch_size,
                 on_batch=bar.update,
-                episodes=episodes,
             )
         rows.append((name, metrics, time.time() - start))
         if out_dir is not None:

@@ -1,4 +1,8 @@
-"""Evaluation of a policy on named held-out sets: accuracy, pass@k, per-sample JSONL."""
+"""Evaluation of a policy on named held-out sets: accuracy, pass@k, per-sample JSONL.
+
+Samples are generated and scored by the same episode path as the producer's
+(:mod:`zbrl.rollout.episodes`), in eval mode; a plain prompt is an episode with no environment
+turn."""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zbrl.rewards.base import RewardContext, RewardFunction
+from zbrl.rewards.base import RewardFunction
 from zbrl.rollout.backends.base import InferenceBackend, SamplingParams
+from zbrl.rollout.episodes import EpisodeRunner
 from zbrl.types import EncodedPrompt
 
 
@@ -45,37 +50,25 @@ def prompt_text(example: dict[str, Any]) -> str:
 
 def evaluate_set(
     backend: InferenceBackend,
+    episodes: EpisodeRunner,
     reward: RewardFunction,
     eval_set: EvalSet,
     params: SamplingParams,
     *,
     batch_size: int,
     on_batch: Callable[[int], None] | None = None,
-    episodes: Any = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Generate ``params.n`` samples per prompt, score them in eval mode; (metrics, records).
-    ``episodes`` (an :class:`~zbrl.environments.runner.EpisodeRunner` on ``backend``): whole
-    multi-turn episodes instead, scored as in training (their final turn, plus the
-    environment's turn rewards)."""
+    """``params.n`` episodes per prompt, run by ``episodes`` on ``backend`` and scored by it in
+    eval mode (as in training: the final turn, plus the environment's turn rewards); (metrics,
+    records)."""
     records: list[dict[str, Any]] = []
     correct_per_prompt: list[int] = []
     for start in range(0, len(eval_set.prompts), batch_size):
         batch = eval_set.prompts[start : start + batch_size]
-        if episodes is not None:
-            completions = episodes.run(batch, params)
-        else:
-            completions = backend.generate([p.prompt_ids for p in batch], params)
-        for prompt, comps in zip(batch, completions):
-            contexts = [
-                RewardContext(
-                    response_tokens=int(c.token_ids.numel()),
-                    max_new_tokens=params.max_new_tokens,
-                    truncated=c.finish_reason == "length",
-                    eval_mode=True,
-                )
-                for c in comps
-            ]
-            results = _score(reward, episodes, comps, prompt.example, contexts)
+        completions = episodes.run(backend.generate, batch, params)
+        for prompt, comps in zip(batch, completions, strict=True):
+            # one reward call per prompt, as the evaluator always scored
+            ((_, results),) = episodes.score(reward, [prompt.example], [comps], eval_mode=True)
             correct = 0
             for i, (c, r) in enumerate(zip(comps, results)):
                 correct += int(r.ans_acc >= 1.0)
@@ -93,30 +86,13 @@ def evaluate_set(
                         "reward": r.reward,
                         "length": int(c.token_ids.numel()),
                         "truncated": c.finish_reason == "length",
-                        **_episode_record(c),
+                        **episodes.sample_record(c),
                     }
                 )
             correct_per_prompt.append(correct)
         if on_batch is not None:
             on_batch(len(batch))
     return summarize(records, correct_per_prompt, params.n), records
-
-
-def _score(reward: RewardFunction, episodes: Any, comps: list, example: Any, contexts: list):
-    if episodes is None:
-        return reward.score_batch([c.text for c in comps], [example] * len(comps), contexts)
-    from zbrl.environments.runner import episode_result
-
-    if episodes.score_final_turn:
-        scored = reward.score_batch([c.text for c in comps], [example] * len(comps), contexts)
-    else:
-        scored = [None] * len(comps)
-    return [episode_result(c, r) for c, r in zip(comps, scored, strict=True)]
-
-
-def _episode_record(c: Any) -> dict[str, Any]:
-    turns = getattr(c, "turns", None)
-    return {} if turns is None else {"transcript": c.transcript, "turns": turns}
 
 
 def summarize(
@@ -141,14 +117,15 @@ class Evaluator:
     def __init__(
         self,
         backend: InferenceBackend,
+        episodes: EpisodeRunner,
         reward: RewardFunction,
         sets: list[EvalSet],
         params: SamplingParams,
         *,
         batch_size: int,
         out_dir: str | Path | None,
-        episodes: Any = None,
     ) -> None:
+        """``episodes``: runs and scores the samples (on ``backend``), as the producer's does."""
         self.episodes = episodes
         self.backend = backend
         self.reward = reward
@@ -163,11 +140,11 @@ class Evaluator:
         for eval_set in self.sets:
             metrics, records = evaluate_set(
                 self.backend,
+                self.episodes,
                 self.reward,
                 eval_set,
                 self.params,
                 batch_size=self.batch_size,
-                episodes=self.episodes,
             )
             results[eval_set.name] = metrics
             all_records += records

@@ -182,7 +182,7 @@ class ProducerWorker:
             BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
-            episodes=build_episode_runner(cfg, backend),
+            build_episode_runner(cfg, backend, cfg.rollout.generation.max_new_tokens),
         )
         if resume_state is not None:
             self.producer.load_state(resume_state)
@@ -302,14 +302,15 @@ class EvaluatorWorker:
             member="evaluator",
             broadcast=broadcast_settings(cfg, node_address()),
         )
+        params = eval_sampling_params(cfg)
         self.evaluator = Evaluator(
             backend,
+            build_episode_runner(cfg, backend, params.max_new_tokens),
             build_eval_reward_fn(cfg),
             [EvalSet(name, prompts) for name, prompts in eval_sets.items()],
-            eval_sampling_params(cfg),
+            params,
             batch_size=cfg.eval.batch_size,
             out_dir=Path(run_dir) / "eval",
-            episodes=build_episode_runner(cfg, backend),
         )
         timer.record(self.recorder)
 

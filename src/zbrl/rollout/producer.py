@@ -9,11 +9,13 @@ with in-flight updates (``rollout.inflight_updates``) also between chunks of a r
 generation: each response token then records the version that sampled it
 (``RolloutGroup.token_versions``) and the group's ``policy_version`` is its oldest token's.
 
-With an environment (``episodes``, docs/environments.md) "generate" runs whole multi-turn
-episodes: each completion is then the episode's tokens after the prompt with a loss mask over the
-model's turns, scored on its last model turn plus the environment's turn rewards. Every turn of a
-batch's episodes is generated with the same weights (they are swapped between batches only, even
-with in-flight updates on, which the config refuses for environments).
+"Generate and score" is one path for every run (:mod:`zbrl.rollout.episodes`): each completion is
+an episode, generated turn by turn and scored on its last model turn plus its environment's turn
+rewards; a plain prompt is an episode with no environment turn (one backend call, scored as it
+is). With an environment (docs/environments.md) an episode's response holds the environment's
+messages too, with a loss mask over the model's turns. Every generation call goes through
+:meth:`Producer._generate`; in-flight updates are refused for environments by the config, so
+every turn of a batch's multi-turn episodes is generated with the same weights.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from typing import Any
 import torch
 
 from zbrl.data.sampler import ShardedSampler
-from zbrl.environments import runner as episode_runner  # a module: runner imports rollout too
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rng import rng_state, set_rng_state
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
+from zbrl.rollout.episodes import EpisodeCompletion, EpisodeRunner
 from zbrl.rollout.inflight import InflightSwap, generate_inflight
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import BufferClient
@@ -89,9 +91,10 @@ class Producer:
         buffer: BufferClient,
         receiver: WeightReceiver,
         recorder: SpanRecorder,
-        episodes: episode_runner.EpisodeRunner | None = None,
+        episodes: EpisodeRunner,
     ) -> None:
-        """``episodes``: multi-turn runs generate whole episodes with it (on ``backend``)."""
+        """``episodes``: runs and scores the episodes (single-turn: ``single_turn_episodes``
+        of :mod:`zbrl.rollout.single_turn`); their model turns are generated on ``backend``."""
         self.settings = settings
         self.episodes = episodes
         self.prompts = prompts
@@ -209,16 +212,6 @@ class Producer:
             self.versions_loaded += 1
         return self.receiver.loaded_version
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """One generation with the loaded weights or, with in-flight updates, in chunks that the
-        producer advances, swapping in newer weights between them
-        (:func:`zbrl.rollout.inflight.generate_inflight`)."""
-        chunk = self.settings.inflight_chunk_tokens
-        if chunk is None:
-            return self.backend.generate(prompts, params)
-        swaps = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
-        return generate_inflight(self.backend, prompts, params, swaps)
-
     def _next_prompts(self, n: int) -> list[tuple[EncodedPrompt, int, float]]:
         out = []
         for epoch, index in _take(self._stream, n):
@@ -234,83 +227,49 @@ class Producer:
         frac = min(1.0, self._taken / (s.anneal_fraction * self._first_epoch_len))
         return t0 + (s.final_temperature - t0) * frac
 
+    def _generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """The one place the producer has its backend generate (every model turn of every
+        episode): with the loaded weights or, with in-flight updates (the config turns them off
+        for environments, whose episodes are swapped between batches), in chunks that the
+        producer advances, swapping in newer weights between them
+        (:func:`zbrl.rollout.inflight.generate_inflight`)."""
+        chunk = self.settings.inflight_chunk_tokens
+        if chunk is None:
+            return self.backend.generate(prompt_ids, params)
+        swaps = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
+        return generate_inflight(self.backend, prompt_ids, params, swaps)
+
     def _rollout(
         self, chunk: list[tuple[EncodedPrompt, int, float]], tickets: list[int], version: int
     ) -> list[RolloutGroup]:
         temperature = chunk[0][2]
         params = _with_temperature(self.settings.sampling, temperature)
+        prompts = [p for p, _, _ in chunk]
         with self.recorder.span(GENERATE, prompts=len(chunk), version=version):
-            if self.episodes is not None:
-                completions = self.episodes.run([p for p, _, _ in chunk], params, version)
-            else:
-                completions = self._generate([p.prompt_ids for p, _, _ in chunk], params)
+            episodes = self.episodes.run(self._generate, prompts, params, version)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
-            scored = self._score(chunk, completions)
+            scored = self.episodes.score(self.reward, [p.example for p in prompts], episodes)
         return [
-            self._group(prompt, epoch, ticket, comps, contexts, results, version, temperature)
-            for (prompt, epoch, _), ticket, comps, (contexts, results) in zip(
-                chunk, tickets, completions, scored, strict=True
+            self._group(prompt, epoch, ticket, group, contexts, results, version, temperature)
+            for (prompt, epoch, _), ticket, group, (contexts, results) in zip(
+                chunk, tickets, episodes, scored, strict=True
             )
         ]
-
-    def _score(
-        self,
-        chunk: list[tuple[EncodedPrompt, int, float]],
-        completions: list[list[Completion]],
-    ) -> list[tuple[list[RewardContext], list[RewardResult]]]:
-        """Every completion of the chunk in one ``score_batch`` call (one round trip to a
-        reward's worker, not one per group); per group: its contexts and results."""
-        if self.episodes is not None:
-            budget = self.episodes.limits.max_total_tokens
-        else:
-            budget = self.settings.sampling.max_new_tokens
-        contexts = [
-            [
-                RewardContext(
-                    response_tokens=int(c.token_ids.numel()),
-                    max_new_tokens=budget,
-                    truncated=c.finish_reason == "length",
-                )
-                for c in comps
-            ]
-            for comps in completions
-        ]
-        flat = [c for comps in completions for c in comps]
-        if self.episodes is None or self.episodes.score_final_turn:
-            results = self.reward.score_batch(
-                [c.text for c in flat],
-                [
-                    prompt.example
-                    for (prompt, _, _), comps in zip(chunk, completions)
-                    for _ in comps
-                ],
-                [ctx for group in contexts for ctx in group],
-            )
-        else:
-            results = [None] * len(flat)
-        if self.episodes is not None:
-            results = [
-                episode_runner.episode_result(c, r) for c, r in zip(flat, results, strict=True)
-            ]
-        out, start = [], 0
-        for group in contexts:
-            out.append((group, results[start : start + len(group)]))
-            start += len(group)
-        return out
 
     def _group(
         self,
         prompt: EncodedPrompt,
         epoch: int,
         ticket: int,
-        completions: list[Completion],
+        completions: list[EpisodeCompletion],
         contexts: list[RewardContext],
         results: list[RewardResult],
         version: int,
         temperature: float,
     ) -> RolloutGroup:
-        episodes = [c for c in completions if isinstance(c, episode_runner.EpisodeCompletion)]
-        multi_turn = bool(episodes) and len(episodes) == len(completions)
+        record = self.episodes.group_record(completions)
         token_versions = _token_versions(completions, version)
         if token_versions is not None:
             version = min((int(v.min()) for v in token_versions if v.numel()), default=version)
@@ -328,16 +287,18 @@ class Producer:
             temperature=temperature,
             producer=self.settings.index,
             ticket=ticket,
-            response_texts=[c.transcript if multi_turn else c.text for c in completions],
+            response_texts=record.response_texts,
             created_at=time.time(),
-            loss_masks=[c.loss_mask for c in episodes] if multi_turn else None,
-            episodes=[c.turns for c in episodes] if multi_turn else None,
-            env_counts=episode_runner.sum_counts(episodes) if multi_turn else {},
+            loss_masks=record.loss_masks,
+            episodes=record.turns,
+            env_counts=record.env_counts,
             token_versions=token_versions,
         )
 
 
-def _token_versions(completions: list[Completion], version: int) -> list[torch.Tensor] | None:
+def _token_versions(
+    completions: list[EpisodeCompletion], version: int
+) -> list[torch.Tensor] | None:
     """Each completion's per-token versions when the backend recorded them (in-flight
     updates; a completion without them was sampled by ``version``), else None."""
     if all(c.versions is None for c in completions):
