@@ -174,15 +174,16 @@ class ProducerWorker:
             member=f"producer-{index}",
             broadcast=broadcast_settings(cfg, node_address()),
         )
+        settings = producer_settings(cfg, index)
         self.producer = Producer(
-            producer_settings(cfg, index),
+            settings,
             prompts,
             backend,
             reward_fn,
             BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
-            build_episode_runner(cfg, backend, cfg.rollout.generation.max_new_tokens),
+            build_episode_runner(cfg, backend, settings.sampling.max_new_tokens),
         )
         if resume_state is not None:
             self.producer.load_state(resume_state)
