@@ -60,13 +60,13 @@ def build_backend(model_dir: str, backend: str):
 
     if backend == "vllm":
         from helpers.backends import vllm_settings
-        from zbrl.rollout.backends.vllm_backend import VllmBackend
+        from zbrl.rollout.backends.vllm.backend import VllmBackend
 
         settings = vllm_settings(max_model_len=256)
         return VllmBackend(model_dir, model_dir, settings)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return TransformersBackend(model, AutoTokenizer.from_pretrained(model_dir))

@@ -29,7 +29,7 @@ kept, its recompute):
     python bench/inflight_updates.py --overhead .cache/zbrl/warm-<hash> --repeats 20
 
 ``--backend vllm`` (in .venv-vllm) times the same on the vLLM backend: ``LLM.generate`` against
-the engine stepped by hand (zbrl/rollout/backends/vllm_inflight.py) without and with a new
+the engine stepped by hand (zbrl/rollout/backends/vllm/inflight.py) without and with a new
 version every ``--chunk-tokens`` steps. The training runs take the backend from the overrides
 (``rollout.backend.type=vllm``).
 
@@ -135,11 +135,11 @@ def overhead_backend(name: str, model_dir: str):
     torch.set_num_threads(1)
     if name == "vllm":
         from helpers.backends import vllm_settings
-        from zbrl.rollout.backends.vllm_backend import VllmBackend
+        from zbrl.rollout.backends.vllm.backend import VllmBackend
 
         settings = vllm_settings(max_model_len=None, inflight_updates=True)
         return VllmBackend(model_dir, model_dir, settings)
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
@@ -153,7 +153,7 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str)
     from zbrl.assembly.settings import sampling_params
     from zbrl.data.prompts import PromptEncoder
     from zbrl.data.synthetic import make_arithmetic_rows
-    from zbrl.rollout.backends.base import InflightSwap
+    from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
     backend = overhead_backend(backend_name, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -170,20 +170,21 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str)
         return next(counter)
 
     modes = {
-        "one call": {},
-        "chunks": {"inflight": InflightSwap(chunk_tokens, lambda: 0)},
-        "chunks+swaps": {"inflight": InflightSwap(chunk_tokens, new_version_each_time)},
-        "swaps, keep": {
-            "inflight": InflightSwap(chunk_tokens, new_version_each_time, keep_cache=True)
-        },
+        "one call": None,
+        "chunks": InflightSwap(chunk_tokens, lambda: 0),
+        "chunks+swaps": InflightSwap(chunk_tokens, new_version_each_time),
+        "swaps, keep": InflightSwap(chunk_tokens, new_version_each_time, keep_cache=True),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     tokens: dict[str, list[int]] = {m: [] for m in modes}
     for rep in range(repeats + 1):
-        for mode, kwargs in modes.items():
+        for mode, inflight in modes.items():
             torch.manual_seed(rep)
             start = time.perf_counter()
-            out = backend.generate(prompts, params, **kwargs)
+            if inflight is None:
+                out = backend.generate(prompts, params)
+            else:
+                out = generate_inflight(backend, prompts, params, inflight)
             if rep:  # the first round warms up
                 times[mode].append(time.perf_counter() - start)
                 tokens[mode].append(sum(int(c.token_ids.numel()) for cs in out for c in cs))

@@ -71,7 +71,7 @@ class Shared:
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
         from zbrl.launch.inputs import encode_datasets
         from zbrl.models.quiet import quiet_transformers
-        from zbrl.rollout.backends.transformers_backend import TransformersBackend
+        from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
         quiet_transformers()
         self.cfg = cfg

@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine(model_dir: Path, lora, gpu_memory_utilization: float):
     from helpers.backends import vllm_settings
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     settings = vllm_settings(max_model_len=256, gpu_memory_utilization=gpu_memory_utilization)
     return VllmBackend(model_dir, model_dir, settings, lora=lora)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     from zbrl.models.lora import AdapterMerger
     from zbrl.models.tiny import create_embedded_model
     from zbrl.rollout.backends.base import SamplingParams
-    from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
+    from zbrl.rollout.backends.vllm.lora import AdapterSpec, MergedAdapters
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ def _has_cuda() -> bool:
 
 
 def _has_vllm() -> bool:
-    from zbrl.rollout.backends.vllm_backend import vllm_available
+    from zbrl.rollout.backends.vllm.backend import vllm_available
 
     return vllm_available()
 

@@ -16,7 +16,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     settings = vllm_settings(gpu_memory_utilization=0.3)
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)

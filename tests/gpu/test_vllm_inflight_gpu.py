@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers.backends import vllm_settings
-from zbrl.rollout.backends.base import InflightSwap, SamplingParams
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -20,7 +21,7 @@ CHUNK = 4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     settings = vllm_settings(gpu_memory_utilization=0.3, inflight_updates=True)
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
@@ -56,7 +57,7 @@ def test_a_swap_on_gpu_gives_each_token_its_versions_logprob(engine, tiny_model_
     params = SamplingParams(
         n=4, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=24, stop_strings=()
     )
-    out = engine.generate(PROMPTS, params, inflight=InflightSwap(CHUNK, swap))
+    out = generate_inflight(engine, PROMPTS, params, InflightSwap(CHUNK, swap))
     old, new = old.cuda().eval(), new.cuda().eval()
     spans = 0
     for prompt, group in zip(PROMPTS, out):

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from helpers.backends import max_logprob_error, random_lora_adapters, sampling, vllm_settings
 from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
-from zbrl.rollout.backends.vllm_lora import AdapterSpec, MergedAdapters
+from zbrl.rollout.backends.vllm.lora import AdapterSpec, MergedAdapters
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -36,7 +36,7 @@ def merged(model_dir, adapters):
 
 @pytest.fixture(scope="module", params=["adapters", "merged"])
 def engine(request, tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     spec = AdapterSpec(RANK, ALPHA, LLAMA_LINEAR_LAYERS, str(tiny_model_dir), False)
     lora = spec

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from zbrl.rollout.backends.base import SamplingParams
-from zbrl.rollout.backends.vllm_backend import VllmSettings
+from zbrl.rollout.backends.vllm.backend import VllmSettings
 
 
 def sampling(

@@ -124,7 +124,7 @@ def test_chatml_episode_is_token_exact_and_renders_as_the_template(tokenizer):
 def test_smollm2_samples_episodes_whose_trained_logprobs_match(smollm2_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     class Nudge:
         def start(self, example):

@@ -3,6 +3,8 @@ the named checks that refuse bad combinations with the field and the fix."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from zbrl.config import PRESETS, ConfigError, load_config, resolved_yaml
@@ -86,7 +88,8 @@ def test_cap_below_one_is_fine_without_a_correction():
 
 
 def test_correction_needs_a_backend_with_behaviour_logprobs(monkeypatch):
-    monkeypatch.setattr(TransformersBackend, "gives_behaviour_logprobs", False)
+    without = replace(TransformersBackend.capabilities, behaviour_logprobs=False)
+    monkeypatch.setattr(TransformersBackend, "capabilities", without)
     with pytest.raises(ConfigError, match="needs the behaviour policy's log-probs"):
         load_config(None, ["algorithm.correction=decoupled"])
     load_config(None, ["algorithm.correction=none"])  # the plain loss is not this check's business

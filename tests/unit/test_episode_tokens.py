@@ -202,7 +202,7 @@ def test_policy_logprobs_of_the_trained_sequence_match_the_sampled_ones(tiny_mod
     saw exactly this sequence."""
     from transformers import AutoModelForCausalLM
 
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     class Echo:
         stop_strings = tuple("0123456789 ")  # a random model's turns end soon

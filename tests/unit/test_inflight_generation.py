@@ -11,8 +11,8 @@ from role_settings import sampling_params
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers.backends import reference_logprobs as forward_logprobs
-from zbrl.rollout.backends.base import InflightSwap
-from zbrl.rollout.backends.transformers_backend import TransformersBackend
+from zbrl.rollout.backends.transformers.backend import TransformersBackend
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
 
@@ -56,7 +56,7 @@ def test_chunks_without_a_new_version_equal_the_unchunked_sampler(backend, field
     torch.manual_seed(5)
     plain = flat(backend.generate(PROMPTS, params))
     torch.manual_seed(5)
-    chunked = flat(backend.generate(PROMPTS, params, inflight=fixed(7)))
+    chunked = flat(generate_inflight(backend, PROMPTS, params, fixed(7)))
     assert_same(chunked, plain)
     assert all(
         c.versions is not None and c.versions.tolist() == [7] * len(c.token_ids) for c in chunked
@@ -89,7 +89,7 @@ def test_chunks_honour_eos_and_stop_strings_like_the_unchunked_sampler(backend, 
         torch.manual_seed(seed)
         plain = flat(backend.generate(PROMPTS, params))
         torch.manual_seed(seed)
-        chunked = flat(backend.generate(PROMPTS, params, inflight=fixed(0)))
+        chunked = flat(generate_inflight(backend, PROMPTS, params, fixed(0)))
         assert_same(chunked, plain)
         reasons |= {(c.finish_reason, c.text.endswith(stops)) for c in plain}
     assert {("stop", True), ("length", False)} <= reasons  # stop strings did end some
@@ -101,7 +101,7 @@ def test_a_stop_string_inside_a_token_ends_the_chunked_response_where_generate_e
     closing = next(i for i in range(len(tokenizer)) if tokenizer.decode([i]) == "</answer>")
     params = sampling_params(n=8, temperature=1.0, max_new_tokens=12, stop_strings=("/",))
     torch.manual_seed(0)
-    out = flat(backend.generate(PROMPTS, params, inflight=fixed(0)))
+    out = flat(generate_inflight(backend, PROMPTS, params, fixed(0)))
     ended_inside = [c for c in out if closing in c.token_ids.tolist()]
     assert ended_inside  # "/" matched inside the "</answer>" token...
     for c in ended_inside:  # ...and the response ends on that token, no padding after it
@@ -125,7 +125,7 @@ def test_a_swap_mid_generation_gives_two_versions_each_with_its_own_logprobs(bac
 
     params = sampling_params(n=2, temperature=0.8, max_new_tokens=12)
     torch.manual_seed(1)
-    out = flat(backend.generate(PROMPTS, params, inflight=InflightSwap(4, swap)))
+    out = flat(generate_inflight(backend, PROMPTS, params, InflightSwap(4, swap)))
     spanning = 0
     for c, prompt in zip(out, [p for p in PROMPTS for _ in range(2)], strict=True):
         n = c.token_ids.numel()
@@ -146,7 +146,7 @@ def test_keeping_the_cache_samples_the_new_weights_over_the_old_keys_and_values(
     """``keep_cache``: no recompute after the swap; the tokens before it are the old weights'
     (with their log-probs), those after it carry the new version and log-probs that neither
     weight set gives on its own (new weights over the old keys and values)."""
-    from zbrl.rollout.backends.inflight import ChunkedGeneration
+    from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
 
     def no_recompute(*args):
         raise AssertionError("the cache was recomputed")
@@ -167,7 +167,7 @@ def test_keeping_the_cache_samples_the_new_weights_over_the_old_keys_and_values(
 
     params = sampling_params(n=2, temperature=0.8, max_new_tokens=12)
     torch.manual_seed(1)
-    out = flat(backend.generate(PROMPTS, params, inflight=InflightSwap(4, swap, keep_cache=True)))
+    out = flat(generate_inflight(backend, PROMPTS, params, InflightSwap(4, swap, keep_cache=True)))
     mixed = 0
     for c, prompt in zip(out, [p for p in PROMPTS for _ in range(2)], strict=True):
         assert c.versions.tolist() == ([4] * 8 + [5] * 4)[: c.token_ids.numel()]
@@ -182,8 +182,8 @@ def test_keeping_the_cache_samples_the_new_weights_over_the_old_keys_and_values(
 
 
 def test_greedy_copies_carry_their_versions(backend):
-    out = backend.generate(
-        PROMPTS[:1], sampling_params(n=3, temperature=0.0, max_new_tokens=5), inflight=fixed(2)
+    out = generate_inflight(
+        backend, PROMPTS[:1], sampling_params(n=3, temperature=0.0, max_new_tokens=5), fixed(2)
     )
     assert [c.versions.tolist() for c in out[0]] == [[2] * out[0][0].token_ids.numel()] * 3
     out[0][0].versions[0] = 9
@@ -220,7 +220,7 @@ def test_weights_loaded_at_the_start_are_the_ones_the_shared_prefill_uses(backen
 
     swap.loaded = False
     params = sampling_params(n=3, temperature=1.0, max_new_tokens=6)  # n > 1: shared prefill
-    out = backend.generate(PROMPTS, params, inflight=InflightSwap(4, swap))
+    out = generate_inflight(backend, PROMPTS, params, InflightSwap(4, swap))
     for prompt, group in zip(PROMPTS, out, strict=True):
         for c in group:
             assert c.versions.tolist() == [9] * c.token_ids.numel()

@@ -95,7 +95,7 @@ def test_embedded_tiny_model_as_judge(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zbrl.rollout.backends.base import SamplingParams
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from zbrl.assembly import datasets, rewards, settings
 from zbrl.assembly.environments import build_episode_runner
 from zbrl.config import load_config
-from zbrl.rollout.backends.transformers_backend import TransformersBackend
+from zbrl.rollout.backends.transformers.backend import TransformersBackend
 from zbrl.rollout.producer import Producer
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.training.consumer import Consumer

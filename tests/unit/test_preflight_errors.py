@@ -148,7 +148,7 @@ def missing_packages(monkeypatch):
     """vLLM, wandb and tensorboard look uninstalled (whatever this environment has)."""
     import importlib.util
 
-    import zbrl.rollout.backends.vllm_backend as vllm_backend
+    import zbrl.rollout.backends.vllm.backend as vllm_backend
 
     monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
     find_spec = importlib.util.find_spec

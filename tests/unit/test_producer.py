@@ -412,27 +412,50 @@ def test_reward_timeouts_are_counted_per_group_and_summed_in_the_batch_metrics(r
 
 
 class ChunkingBackend(StubBackend):
-    """With in-flight updates: asks for weights before its first token and after it (``between``
-    runs in the pause, e.g. publishing a version), and tags each token with the version it got."""
+    """With in-flight updates: its generations take two advances, the first sampling one token
+    under the version the producer loaded before the start (``between`` runs in it, e.g.
+    publishing a version), the rest under the version loaded after it."""
 
     def __init__(self, between):
         super().__init__()
         self.between = between
         self.inflight_calls = 0
 
-    def generate(self, prompts, params, inflight=None):
-        if inflight is None:
-            return super().generate(prompts, params)
+    def start(self, prompts, params, version, keep_cache):
         self.inflight_calls += 1
-        first = inflight.swap()
-        self.between()
-        second = inflight.swap()
-        out = super().generate(prompts, params)
+        return TwoChunks(self, prompts, params, version)
+
+
+class TwoChunks:
+    """The stepping handle of :class:`ChunkingBackend`."""
+
+    def __init__(self, backend, prompts, params, version):
+        self.backend, self.prompts, self.params = backend, prompts, params
+        self.versions = [version]
+        self.done = False
+        self.advanced = False
+
+    def advance(self, steps):
+        if not self.advanced:
+            self.backend.between()
+            self.advanced = True
+        else:
+            self.done = True
+
+    def weights_loaded(self, version):
+        self.versions.append(version)
+
+    def results(self):
+        first, second = self.versions[0], self.versions[-1]
+        out = StubBackend.generate(self.backend, self.prompts, self.params)
         for comps in out:
             for c in comps:
                 n = c.token_ids.numel()
                 c.versions = torch.tensor([first] + [second] * (n - 1), dtype=torch.long)[:n]
         return out
+
+    def close(self):
+        pass
 
 
 def test_inflight_updates_swap_weights_inside_a_generation(rig_factory):

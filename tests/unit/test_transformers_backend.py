@@ -7,7 +7,7 @@ from role_settings import sampling_params
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers.backends import reference_logprobs
-from zbrl.rollout.backends.transformers_backend import TransformersBackend
+from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
 
@@ -189,12 +189,12 @@ def test_stop_string_ending_inside_a_token_ends_the_response(backend, tokenizer)
     ids = tokenizer.encode("x[J</answer>", add_special_tokens=False)
     assert tokenizer.decode(ids[-1:]) == "</answer>", "precondition: one token for the tag"
     padded = torch.tensor(ids + [backend.pad_id] * 3)
-    assert backend._response_end(padded, ("</ans",)) == (len(ids), True)
-    assert backend._response_end(padded, ("</answer>",)) == (len(ids), True)
-    assert backend._response_end(torch.tensor(ids), ("</ans",)) == (len(ids), True)
+    assert backend.responses.end(padded, ("</ans",)) == (len(ids), True)
+    assert backend.responses.end(padded, ("</answer>",)) == (len(ids), True)
+    assert backend.responses.end(torch.tensor(ids), ("</ans",)) == (len(ids), True)
     # no stop string in the last token: the pad tokens may be the model's own, kept
-    assert backend._response_end(padded, ("zz",)) == (len(ids) + 3, False)
-    assert backend._response_end(padded, ("x[",)) == (len(ids) + 3, False)
+    assert backend.responses.end(padded, ("zz",)) == (len(ids) + 3, False)
+    assert backend.responses.end(padded, ("x[",)) == (len(ids) + 3, False)
 
 
 def test_greedy_with_several_samples_per_prompt(backend):

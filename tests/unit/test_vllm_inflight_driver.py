@@ -1,19 +1,17 @@
-"""The vLLM in-flight driver (zbrl.rollout.backends.vllm_inflight) against a scripted stand-in
-for vLLM's ``LLMEngine``: which version each token is tagged with, when ``swap`` is called, what
-happens to the prefix cache in each ``after_swap`` mode, and that nothing is left in the engine
-after an error. No vLLM needed (tests/with_vllm/test_vllm_inflight.py runs the real engine)."""
+"""The vLLM in-flight stepping handle (zbrl.rollout.backends.vllm.inflight), driven by the
+producer's loop (zbrl.rollout.inflight.generate_inflight), against a scripted stand-in for vLLM's
+``LLMEngine``: which version each token is tagged with, when ``swap`` is called, what happens to
+the prefix cache in each ``after_swap`` mode, and that nothing is left in the engine after an
+error. No vLLM needed (tests/with_vllm/test_vllm_inflight.py runs the real engine)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from zbrl.rollout.backends.base import InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm_inflight import (
-    ResponseTrace,
-    SteppedGeneration,
-    generate_inflight,
-)
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.backends.vllm.inflight import ResponseTrace, SteppedGeneration, start_stepping
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
 
 class ScriptedEngine:
@@ -86,10 +84,45 @@ def render(rows):
     return [{"rendered": r} for r in rows]
 
 
+def params(n=1):
+    return SamplingParams(
+        n=n, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=4, stop_strings=()
+    )
+
+
+class ScriptedBackend:
+    """A backend over the scripted engine whose ``start`` adds one request per prompt (``lora``:
+    the adapter to add them with, read at the start, as ``VllmBackend.start`` does)."""
+
+    def __init__(self, engine, lora=None):
+        self.engine = engine
+        self.lora = lora
+
+    def start(self, prompts, params, version, keep_cache):
+        lora = self.lora() if self.lora is not None else None
+        follows = self.lora is None or lora is not None
+        return SteppedGeneration(
+            self.engine,
+            "n=1, delta",
+            prompts,
+            render,
+            version,
+            keep_cache=keep_cache,
+            lora=lora,
+            follows=follows,
+        )
+
+
+def drive(engine, rows, inflight, lora=None):
+    """The completions of ``rows``, one each, as the producer's loop generates them."""
+    groups = generate_inflight(ScriptedBackend(engine, lora), rows, params(), inflight)
+    return [c for (c,) in groups]
+
+
 def run(engine, rows, chunk, publish_at, keep=False):
     swap, count = swapper(engine, publish_at)
     inflight = InflightSwap(chunk, swap, keep_cache=keep)
-    return SteppedGeneration(engine, "n=1, delta", inflight, render).run(rows), count["calls"]
+    return drive(engine, rows, inflight), count["calls"]
 
 
 def test_each_token_carries_the_version_loaded_when_its_step_ran():
@@ -152,9 +185,8 @@ def test_an_error_in_a_swap_leaves_no_request_behind():
             raise ConnectionError("weights lost")
         return 0
 
-    gen = SteppedGeneration(engine, "n=1, delta", InflightSwap(2, swap), render)
     with pytest.raises(ConnectionError):
-        gen.run([[1], [2], [3]])
+        drive(engine, [[1], [2], [3]], InflightSwap(2, swap))
     aborted = [c[1] for c in engine.calls if c[0] == "abort"]
     assert len(aborted) == 1 and len(aborted[0]) == 2  # the two still running; 2 had ended
     assert all(rid.endswith(("-0", "-2")) for rid in aborted[0])
@@ -191,21 +223,17 @@ def test_requests_are_added_with_the_adapter_loaded_by_the_first_swap():
         current["request"] = f"adapter after swap {count['calls']}"
         return count["calls"]
 
-    inflight = InflightSwap(2, swap)
-    SteppedGeneration(engine, "n=1, delta", inflight, render, lambda: current["request"]).run(
-        [[1], [2]]
-    )
+    drive(engine, [[1], [2]], InflightSwap(2, swap), lambda: current["request"])
     adds = [call for call in engine.calls if call[0] == "add"]
     assert adds == [("add", "adapter after swap 1")] * 2
     # a batch started on the base (no adapter version yet) takes no version in the middle: its
     # requests, added without an adapter, would go on with the base under the new version's tag
     on_base = ScriptedEngine({1: (7, "stop")})
     swap, count = swapper(on_base, {1: 1})
-    inflight = InflightSwap(2, swap)
-    (out,) = SteppedGeneration(on_base, "n=1, delta", inflight, render, lambda: None).run([[1]])
+    (out,) = drive(on_base, [[1]], InflightSwap(2, swap), lambda: None)
     assert count["calls"] == 1 and out.versions.tolist() == [0] * 7
     plain = ScriptedEngine({1: (2, "stop")})
-    SteppedGeneration(plain, "n=1, delta", InflightSwap(2, lambda: 0), render).run([[1]])
+    drive(plain, [[1]], InflightSwap(2, lambda: 0))
     assert [call for call in plain.calls if call[0] == "add"] == [("add", None)]
 
 
@@ -217,9 +245,5 @@ def test_requests_are_added_with_the_adapter_loaded_by_the_first_swap():
     ],
 )
 def test_engines_that_cannot_swap_between_steps_are_refused(backend, error, message):
-    params = SamplingParams(
-        n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=4, stop_strings=()
-    )
-    inflight = InflightSwap(2, lambda: 0)
     with pytest.raises(error, match=message):
-        generate_inflight(backend, [[1, 2]], params, inflight)
+        start_stepping(backend.llm, backend.adapters, [[1, 2]], params(n=2), 0, False)

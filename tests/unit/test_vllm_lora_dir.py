@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from zbrl.config import load_config
-from zbrl.rollout.backends.vllm_lora import (
+from zbrl.rollout.backends.vllm.lora import (
     AdapterSpec,
     adapter_config,
     engine_args,

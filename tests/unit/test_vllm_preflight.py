@@ -15,7 +15,7 @@ GPU_RECIPES = sorted(REPO.glob("recipes/*vllm*gpu.yaml"))
 
 @pytest.fixture
 def no_vllm(monkeypatch):
-    import zbrl.rollout.backends.vllm_backend as vllm_backend
+    import zbrl.rollout.backends.vllm.backend as vllm_backend
 
     monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
 

@@ -28,7 +28,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     settings = vllm_settings()
     backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings)

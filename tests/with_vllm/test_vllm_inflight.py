@@ -16,7 +16,7 @@ from helpers.backends import (
     vllm_settings,
 )
 from helpers.backends import sampling as params
-from zbrl.rollout.backends.base import InflightSwap
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
 pytestmark = pytest.mark.vllm
 
@@ -30,7 +30,7 @@ CHUNK = 4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     settings = vllm_settings(max_model_len=512, inflight_updates=True)
     return VllmBackend(tiny_model_dir, tiny_model_dir, settings)
@@ -78,7 +78,7 @@ def test_without_a_new_version_greedy_equals_llm_generate(engine):
     for stop in ((), (text[3:5],)):
         p = params(n=2, temperature=0.0, max_new_tokens=16, stop=stop)
         plain = flat(engine.generate(PROMPTS, p))
-        stepped = flat(engine.generate(PROMPTS, p, inflight=fixed(3)))
+        stepped = flat(generate_inflight(engine, PROMPTS, p, fixed(3)))
         assert len(stepped) == len(plain) == 6
         for a, b in zip(plain, stepped):
             assert b.token_ids.tolist() == a.token_ids.tolist()
@@ -96,7 +96,7 @@ def test_without_a_new_version_samples_have_the_engines_shapes_and_logprobs(
     engine, old_model, tiny_model_dir
 ):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    out = engine.generate(PROMPTS, params(n=4, temperature=0.7), inflight=fixed(0))
+    out = generate_inflight(engine, PROMPTS, params(n=4, temperature=0.7), fixed(0))
     assert [len(group) for group in out] == [4, 4, 4]
     for i, c in enumerate(flat(out)):
         assert c.token_ids.dtype == c.versions.dtype == torch.int64
@@ -106,7 +106,7 @@ def test_without_a_new_version_samples_have_the_engines_shapes_and_logprobs(
         assert c.versions.tolist() == [0] * c.token_ids.numel()
         ref = reference_logprobs(old_model, prompt_of(i, 4), c.token_ids, 0.7)
         assert float((c.logprobs - ref).abs().max()) < TOLERANCE
-    assert engine.generate([], params(), inflight=fixed(0)) == []
+    assert generate_inflight(engine, [], params(), fixed(0)) == []
 
 
 def generate_with_a_swap(engine, new_model, keep, prompts=PROMPTS, stop=()):
@@ -121,7 +121,7 @@ def generate_with_a_swap(engine, new_model, keep, prompts=PROMPTS, stop=()):
         return 0 if len(calls) < 2 else 1
 
     p = params(n=4, temperature=1.0, max_new_tokens=24, stop=stop)
-    out = flat(engine.generate(prompts, p, inflight=InflightSwap(CHUNK, swap, keep_cache=keep)))
+    out = flat(generate_inflight(engine, prompts, p, InflightSwap(CHUNK, swap, keep_cache=keep)))
     assert len(calls) >= 2
     return out
 
@@ -172,7 +172,7 @@ def test_a_swap_keeping_the_cache_samples_from_the_mixture_then_the_next_batch_i
     assert new_err > 100 * TOLERANCE
     # the prefix cache was cleared after the batch: the long prompt's first block, cached under
     # the old weights, is prefilled anew
-    later = flat(engine.generate(prompts, params(n=2, temperature=1.0), inflight=fixed(1)))
+    later = flat(generate_inflight(engine, prompts, params(n=2, temperature=1.0), fixed(1)))
     for i, c in enumerate(later):
         ref = reference_logprobs(new_model, prompt_of(i, 2, prompts), c.token_ids, 1.0)
         assert float((c.logprobs - ref).abs().max()) < TOLERANCE
@@ -229,7 +229,7 @@ def test_lora_versions_swap_between_engine_steps(tiny_model_dir, old_model, mode
         return min(len(calls), 2)
 
     p = params(n=4, temperature=1.0, max_new_tokens=24)
-    out = flat(backend.generate(PROMPTS, p, inflight=InflightSwap(CHUNK, swap)))
+    out = flat(generate_inflight(backend, PROMPTS, p, InflightSwap(CHUNK, swap)))
     assert any(c.versions.unique().numel() == 2 for c in out)
     stale = 0.0  # version 2's tokens against version 1's weights: the swap changed something
     for i, c in enumerate(out):
@@ -248,8 +248,8 @@ def test_lora_versions_swap_between_engine_steps(tiny_model_dir, old_model, mode
     # loaded again between batches (for adapters: in place, under the same id) and nothing that
     # version 2 computed is reused (merged: load_weights clears the prefix cache; adapters: that
     # too, and vLLM keys cached blocks by the adapter's path, new for each version)
-    backend.generate(LONG, params(n=2, temperature=1.0), inflight=fixed(2))
+    generate_inflight(backend, LONG, params(n=2, temperature=1.0), fixed(2))
     backend.load_weights(versions[0][0])
-    for c in flat(backend.generate(LONG, params(n=2, temperature=1.0), inflight=fixed(3))):
+    for c in flat(generate_inflight(backend, LONG, params(n=2, temperature=1.0), fixed(3))):
         ref = reference_logprobs(versions[0][1], LONG[0], c.token_ids, 1.0)
         assert float((c.logprobs - ref).abs().max()) < TOLERANCE

@@ -19,7 +19,7 @@ from helpers.backends import (
 )
 from zbrl.config.model import LLAMA_LINEAR_LAYERS
 from zbrl.models.lora import AdapterMerger
-from zbrl.rollout.backends.vllm_lora import AdapterSpec, write_adapter_dir
+from zbrl.rollout.backends.vllm.lora import AdapterSpec, write_adapter_dir
 from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import LocalHandle
@@ -56,7 +56,7 @@ def spec(base):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from zbrl.rollout.backends.vllm_backend import VllmBackend
+    from zbrl.rollout.backends.vllm.backend import VllmBackend
 
     backend = VllmBackend(tiny_model_dir, tiny_model_dir, settings(), lora=spec(tiny_model_dir))
     return backend

@@ -17,7 +17,7 @@ def check_backend_installed(cfg: RunConfig) -> None:
     import sys
 
     if cfg.rollout.backend.type == "vllm":
-        from zbrl.rollout.backends.vllm_backend import INSTALL_HINT, vllm_available
+        from zbrl.rollout.backends.vllm.backend import INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise RunError(

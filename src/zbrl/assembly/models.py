@@ -21,14 +21,28 @@ def device_of(cfg: RunConfig) -> torch.device:
 
 
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
-    """dtype of the training forward/backward passes, of the frozen reference and of inference
+    """dtype of the training forward/backward passes and of the frozen reference
     (``model.dtype``); trained weights and optimizer state are float32 whatever it is."""
     return getattr(torch, cfg.model.dtype)
 
 
+def inference_dtype_name(cfg: RunConfig) -> str:
+    """The inference precision: the dtype producers and the evaluator generate with and
+    published weights are cast to (``rollout.inference_dtype``; unset: ``model.dtype``). The
+    one place it is read."""
+    name = cfg.rollout.inference_dtype
+    return cfg.model.dtype if name is None else name
+
+
+def inference_dtype(cfg: RunConfig) -> torch.dtype:
+    """:func:`inference_dtype_name` as a torch dtype."""
+    return getattr(torch, inference_dtype_name(cfg))
+
+
 def load_policy(cfg: RunConfig, model_dir: Path, dtype: torch.dtype):
     """The causal LM in ``model_dir`` with its parameters in ``dtype``: float32 for a trained
-    model (the master weights), :func:`compute_dtype` for inference and the frozen reference."""
+    model (the master weights), :func:`compute_dtype` for the frozen reference,
+    :func:`inference_dtype` for inference."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
@@ -48,10 +62,10 @@ def build_backend(cfg: RunConfig, model_dir: Path, tokenizer_dir: Path):
     if cfg.rollout.backend.type == "vllm":
         backend = build_vllm_backend(cfg, base_dir, tokenizer_dir, spec)
     else:
-        from zbrl.rollout.backends.transformers_backend import TransformersBackend
+        from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
         tokenizer = load_tokenizer(cfg, tokenizer_dir)
-        model = load_policy(cfg, base_dir, compute_dtype(cfg))
+        model = load_policy(cfg, base_dir, inference_dtype(cfg))
         merger = None if spec is None else lora.AdapterMerger(model, lora.scale_of(spec))
         backend = TransformersBackend(model, tokenizer, device=device_of(cfg), merger=merger)
     if adapter_dir is not None:  # a LoRA checkpoint: its adapters, merged or served
@@ -85,14 +99,14 @@ def build_vllm_backend(cfg: RunConfig, base_dir: Path, tokenizer_dir: Path, spec
     """The vLLM backend of :func:`build_backend` on the base model ``base_dir``. With adapters
     (``spec``), the engine serves each version through vLLM's LoRA support, or
     (``rollout.backend.lora_mode=merged``) reloads the base with them merged
-    (:mod:`zbrl.rollout.backends.vllm_lora`)."""
+    (:mod:`zbrl.rollout.backends.vllm.lora`)."""
     from zbrl.models import lora
-    from zbrl.rollout.backends.vllm_backend import VllmBackend, VllmSettings
-    from zbrl.rollout.backends.vllm_lora import MergedAdapters
+    from zbrl.rollout.backends.vllm.backend import VllmBackend, VllmSettings
+    from zbrl.rollout.backends.vllm.lora import MergedAdapters
 
     backend = cfg.rollout.backend
     settings = VllmSettings(
-        dtype=cfg.model.dtype,  # the inference dtype (published weights are cast to it)
+        dtype=inference_dtype_name(cfg),  # published weights are cast to it
         seed=torch.initial_seed() % 2**31,  # the process's seed (set per worker)
         max_model_len=backend.max_model_len,
         enforce_eager=backend.enforce_eager,
@@ -104,7 +118,7 @@ def build_vllm_backend(cfg: RunConfig, base_dir: Path, tokenizer_dir: Path, spec
     )
     lora_loader = spec
     if spec is not None and backend.lora_mode == "merged":
-        base = load_policy(cfg, base_dir, compute_dtype(cfg))
+        base = load_policy(cfg, base_dir, inference_dtype(cfg))
         lora_loader = MergedAdapters(lora.AdapterMerger(base, lora.scale_of(spec)), spec)
     return VllmBackend(base_dir, tokenizer_dir, settings, lora=lora_loader)
 

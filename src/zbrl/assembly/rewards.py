@@ -232,7 +232,7 @@ def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) 
     from zbrl.assembly.models import load_policy, load_tokenizer
     from zbrl.rewards.llm_judge import JudgeReward
     from zbrl.rollout.backends.base import SamplingParams
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     judge_dir = _learned_dir(cfg, rw.path, "reward.path")
     tokenizer = load_tokenizer(cfg.model_copy(update={"model": cfg.model.model_copy(

@@ -15,6 +15,7 @@ from zbrl.config.algorithm import (
 from zbrl.config.data import HELD_OUT, DataConfig, HfSource, ReasoningGymSource
 from zbrl.config.model import EMBEDDED
 from zbrl.config.rewards import LengthShapingOptions
+from zbrl.config.rollout import lora_mode
 
 if TYPE_CHECKING:
     from zbrl.config.algorithm import AlgorithmConfig
@@ -133,7 +134,7 @@ def check_length_shaping(cfg: RunSections) -> None:
 def check_topology(cfg: RunSections) -> None:
     la = cfg.launch
     backend = cfg.rollout.backend
-    tp = backend.tensor_parallel_size if backend.type == "vllm" else 1
+    tp = backend.tensor_parallel_size if backend.capabilities.tensor_parallel else 1
     if tp > 1 and la.producer_num_gpus < tp:
         raise ValueError(
             f"rollout.backend.tensor_parallel_size ({tp}) needs as many GPUs per producer; "
@@ -142,10 +143,10 @@ def check_topology(cfg: RunSections) -> None:
         )
 
 
-def check_vllm_lengths(cfg: RunSections) -> None:
+def check_model_len(cfg: RunSections) -> None:
     backend = cfg.rollout.backend
     budget = cfg.rollout.generation.max_new_tokens
-    limit = backend.max_model_len if backend.type == "vllm" else None
+    limit = backend.max_model_len if backend.capabilities.max_model_len else None
     if limit is not None and limit <= budget:
         raise ValueError(
             f"rollout.backend.max_model_len ({limit}) leaves no room for a prompt next to "
@@ -154,12 +155,14 @@ def check_vllm_lengths(cfg: RunSections) -> None:
         )
 
 
-def check_vllm_evaluator(cfg: RunSections) -> None:
+def check_evaluator_placement(cfg: RunSections) -> None:
     backend = cfg.rollout.backend
-    if backend.type == "vllm" and cfg.launch.producer_num_gpus > 0 and cfg.eval.sets:
+    needs_gpu = backend.capabilities.needs_gpu_in_gpu_runs
+    if needs_gpu and cfg.launch.producer_num_gpus > 0 and cfg.eval.sets:
         raise ValueError(
-            "rollout.backend.type=vllm on GPUs with eval.sets: the in-run evaluator is placed "
-            "without a GPU, where vLLM's GPU build cannot start; set eval.sets={} and evaluate "
+            f"rollout.backend.type={backend.type} on GPUs with eval.sets: the in-run evaluator is "
+            "placed without a GPU, where this backend cannot start (vLLM's GPU build needs one); "
+            "set eval.sets={} and evaluate "
             "saved checkpoints with `zbrl eval --model RUN_DIR/checkpoints/step-N`"
         )
 
@@ -199,23 +202,16 @@ def check_engine(cfg: RunSections) -> None:
         )
 
 
-VLLM_MAX_LORA_RANK = 512
-"""The largest ``max_lora_rank`` vLLM accepts (vllm.config.lora.MaxLoRARanks)."""
-
-
 def check_lora(cfg: RunSections) -> None:
     """LoRA runs where its adapter-only weight sync and checkpoints are implemented."""
     if cfg.model.lora is None:
         return
     backend = cfg.rollout.backend
-    if (
-        backend.type == "vllm"
-        and backend.lora_mode == "adapters"
-        and cfg.model.lora.rank > VLLM_MAX_LORA_RANK
-    ):
+    most = backend.capabilities.max_served_lora_rank
+    if most is not None and lora_mode(backend) == "adapters" and cfg.model.lora.rank > most:
         raise ValueError(
-            f"model.lora.rank={cfg.model.lora.rank} with rollout.backend.type=vllm: vLLM serves "
-            f"LoRA adapters of rank {VLLM_MAX_LORA_RANK} at most; lower model.lora.rank, or set "
+            f"model.lora.rank={cfg.model.lora.rank} with rollout.backend.type={backend.type}: it "
+            f"serves LoRA adapters of rank {most} at most; lower model.lora.rank, or set "
             "rollout.backend.lora_mode=merged (the adapters merged into the base)"
         )
     if cfg.training.engine.type == "fsdp2":
@@ -272,7 +268,7 @@ def check_correction(cfg: RunSections) -> None:
     if a.correction == "none":
         return
     backend = cfg.rollout.backend
-    if not backend.gives_behaviour_logprobs:
+    if not backend.capabilities.behaviour_logprobs:
         raise ValueError(
             f"algorithm.correction={a.correction!r} needs the behaviour policy's log-probs, which "
             f"rollout.backend.type={backend.type!r} does not return; use a backend that does "
@@ -301,6 +297,13 @@ def check_inflight_updates(cfg: RunSections) -> None:
             "swap weights only between generation batches (docs/algorithms.md, In-flight "
             "weight updates); set rollout.inflight_updates.enabled=false, or remove "
             "environment for single-turn responses"
+        )
+    backend = cfg.rollout.backend
+    if not backend.capabilities.inflight_updates:
+        raise ValueError(
+            f"rollout.inflight_updates.enabled=true, but rollout.backend.type={backend.type} "
+            "cannot take new weights in the middle of a generation; set "
+            "rollout.inflight_updates.enabled=false, or use a backend that can (transformers, vllm)"
         )
 
 
@@ -432,8 +435,8 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_topology,
     check_engine,
     check_lora,
-    check_vllm_lengths,
-    check_vllm_evaluator,
+    check_model_len,
+    check_evaluator_placement,
     check_staleness_buffer,
     check_weight_sync,
     check_correction,

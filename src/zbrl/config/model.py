@@ -73,10 +73,11 @@ class ModelConfig(Section):
     ``.jinja`` file. None keeps the tokenizer's template; a tokenizer without one is refused."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype: the training forward/backward passes (autocast, or FSDP2's mixed-precision
-    policy), the frozen reference, and the weights producers and the evaluator generate with
-    (published weights are cast to it). The trained weights (policy and critic) and the
-    optimizer state are float32 whatever this is; checkpoints hold those float32 weights.
-    ``float16`` is refused (it needs loss scaling; use ``bfloat16``). See docs/precision.md."""
+    policy), the frozen reference, and, unless ``rollout.inference_dtype`` says otherwise, the
+    weights producers and the evaluator generate with (published weights are cast to it). The
+    trained weights (policy and critic) and the optimizer state are float32 whatever this is;
+    checkpoints hold those float32 weights. ``float16`` is refused (it needs loss scaling; use
+    ``bfloat16``). See docs/precision.md."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False

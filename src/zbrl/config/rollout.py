@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -38,15 +39,52 @@ class GenerationConfig(Section):
     """Completions per prompt (the group size G)."""
 
 
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What an inference backend can do, as plain data. Each backend declares it once, as the
+    ``capabilities`` of its config variant below; the config checks read it (never the backend's
+    type name) and the backend class exposes the same object as its own ``capabilities``
+    (docs/backends.md, Capabilities)."""
+
+    behaviour_logprobs: bool
+    """Completions carry the sampling policy's log-probs (off-policy corrections and the PPO
+    ratio need them)."""
+    inflight_updates: bool
+    """It takes new weights between the steps of a running generation
+    (``rollout.inflight_updates``): it returns a stepping handle the producer advances."""
+    lora_modes: tuple[str, ...]
+    """How it takes LoRA adapter versions (``model.lora``): ``merged`` (into a copy of the base
+    in its process), ``adapters`` (served by the engine's own LoRA support). With more than one,
+    the variant's ``lora_mode`` field chooses (:func:`lora_mode`)."""
+    max_served_lora_rank: int | None
+    """The largest adapter rank the ``adapters`` mode serves (None: no such limit)."""
+    tensor_parallel: bool
+    """One producer's engine can span several GPUs (the variant's ``tensor_parallel_size``)."""
+    max_model_len: bool
+    """The engine serves a bounded prompt + response length (the variant's ``max_model_len``;
+    null: the model's)."""
+    needs_gpu_in_gpu_runs: bool
+    """In a GPU run (``launch.producer_num_gpus > 0``) every process that runs it needs a GPU of
+    its own (vLLM's GPU build cannot start without one), so the in-run evaluator, which is placed
+    without a GPU, cannot use it."""
+
+
 class TransformersBackend(Section):
     """Generation with transformers ``generate`` (CPU or GPU)."""
 
     type: Literal["transformers"] = "transformers"
     """Backend discriminator."""
 
-    gives_behaviour_logprobs: ClassVar[bool] = True
-    """Whether completions carry the sampling policy's log-probs (off-policy corrections and
-    the PPO ratio need them)."""
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(
+        behaviour_logprobs=True,
+        inflight_updates=True,
+        lora_modes=("merged",),
+        max_served_lora_rank=None,
+        tensor_parallel=False,
+        max_model_len=False,
+        needs_gpu_in_gpu_runs=False,
+    )
+    """What the transformers backend can do."""
 
 
 class VllmBackend(Section):
@@ -56,9 +94,16 @@ class VllmBackend(Section):
     type: Literal["vllm"] = "vllm"
     """Backend discriminator."""
 
-    gives_behaviour_logprobs: ClassVar[bool] = True
-    """Whether completions carry the sampling policy's log-probs (off-policy corrections and
-    the PPO ratio need them)."""
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(
+        behaviour_logprobs=True,
+        inflight_updates=True,
+        lora_modes=("adapters", "merged"),
+        max_served_lora_rank=512,  # vllm.config.lora.MaxLoRARanks
+        tensor_parallel=True,
+        max_model_len=True,
+        needs_gpu_in_gpu_runs=True,
+    )
+    """What the vLLM backend can do."""
     gpu_memory_utilization: float = Field(default=0.7, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (GPU only)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -79,6 +124,13 @@ class VllmBackend(Section):
 
 
 Backend = plugin_union(TransformersBackend, VllmBackend)
+
+
+def lora_mode(backend: TransformersBackend | VllmBackend) -> str:
+    """How ``backend`` takes LoRA adapter versions: its ``lora_mode`` setting where its
+    capabilities offer a choice, else its one mode."""
+    modes = backend.capabilities.lora_modes
+    return backend.lora_mode if len(modes) > 1 else modes[0]
 
 
 class InflightUpdates(Section):
@@ -112,6 +164,11 @@ class RolloutConfig(Section):
     """Sampling parameters."""
     inflight_updates: InflightUpdates = Field(default_factory=InflightUpdates)
     """New weights in the middle of a generation (single-turn tasks; both backends)."""
+    inference_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Inference precision: the dtype producers and the evaluator generate with (published
+    weights are cast to it, and a LoRA run's base is loaded in it there). None: ``model.dtype``,
+    the training compute dtype. The one place a quantized rollout would go. See
+    docs/precision.md."""
 
     @field_validator("backend", mode="before")
     @classmethod

@@ -97,7 +97,7 @@ def ensure_demo_warm_start(
 def episode_runner(model, tokenizer) -> tuple[EpisodeRunner, Any]:
     """Greedy-capable episodes with the calculator in the tags format (the demo's setting), and
     the backend that generates them."""
-    from zbrl.rollout.backends.transformers_backend import TransformersBackend
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
 
     backend = TransformersBackend(model, tokenizer)
     env = ToolEnvironment(

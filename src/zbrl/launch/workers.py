@@ -23,7 +23,7 @@ from zbrl.assembly.environments import build_episode_runner
 from zbrl.assembly.models import (
     build_backend,
     build_trainer,
-    compute_dtype,
+    inference_dtype,
     load_tokenizer,
 )
 from zbrl.assembly.rewards import build_eval_reward_fn, build_reward_fn
@@ -245,7 +245,7 @@ class ConsumerWorker:
             WeightStoreClient(RayHandle(store)),
             self.recorder,
             broadcast=broadcast_settings(cfg, node_address()),
-            dtype=compute_dtype(cfg),  # the producers' and evaluator's inference dtype
+            dtype=inference_dtype(cfg),  # the producers' and evaluator's inference dtype
         )
         self.consumer = Consumer(
             consumer_settings(cfg, run_dir),

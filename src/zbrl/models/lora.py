@@ -131,7 +131,7 @@ def base_dir_of(adapter_dir: str | Path) -> Path:
 @dataclass(frozen=True)
 class AdapterSpec:
     """What a backend needs to know about the adapters besides their tensors: to merge them
-    (:func:`scale_of`) or to serve them (:mod:`zbrl.rollout.backends.vllm_lora`)."""
+    (:func:`scale_of`) or to serve them (:mod:`zbrl.rollout.backends.vllm.lora`)."""
 
     rank: int
     """``r`` of every adapter (``A`` is ``r x in``)."""

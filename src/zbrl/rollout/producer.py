@@ -30,13 +30,9 @@ import torch
 from zbrl.data.sampler import ShardedSampler
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rng import rng_state, set_rng_state
-from zbrl.rollout.backends.base import (
-    Completion,
-    InferenceBackend,
-    InflightSwap,
-    SamplingParams,
-)
+from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
 from zbrl.rollout.episodes import EpisodeCompletion, EpisodeRunner
+from zbrl.rollout.inflight import InflightSwap, generate_inflight
 from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightReceiver
@@ -216,16 +212,6 @@ class Producer:
             self.versions_loaded += 1
         return self.receiver.loaded_version
 
-    def _inflight_kwargs(self) -> dict[str, InflightSwap]:
-        """``generate``'s keyword for in-flight updates: none when they are off (a backend
-        without them keeps its plain signature; the config turns them off for environments,
-        whose episodes are swapped between batches)."""
-        chunk = self.settings.inflight_chunk_tokens
-        if chunk is None:
-            return {}
-        swap = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
-        return {"inflight": swap}
-
     def _next_prompts(self, n: int) -> list[tuple[EncodedPrompt, int, float]]:
         out = []
         for epoch, index in _take(self._stream, n):
@@ -245,8 +231,15 @@ class Producer:
         self, prompt_ids: list[list[int]], params: SamplingParams
     ) -> list[list[Completion]]:
         """The one place the producer has its backend generate (every model turn of every
-        episode), with in-flight updates when they are on."""
-        return self.backend.generate(prompt_ids, params, **self._inflight_kwargs())
+        episode): with the loaded weights or, with in-flight updates (the config turns them off
+        for environments, whose episodes are swapped between batches), in chunks that the
+        producer advances, swapping in newer weights between them
+        (:func:`zbrl.rollout.inflight.generate_inflight`)."""
+        chunk = self.settings.inflight_chunk_tokens
+        if chunk is None:
+            return self.backend.generate(prompt_ids, params)
+        swaps = InflightSwap(chunk, self._swap_in, keep_cache=self.settings.inflight_keep_cache)
+        return generate_inflight(self.backend, prompt_ids, params, swaps)
 
     def _rollout(
         self, chunk: list[tuple[EncodedPrompt, int, float]], tickets: list[int], version: int

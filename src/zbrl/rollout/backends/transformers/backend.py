@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from zbrl.config.rollout import BackendCapabilities
+from zbrl.config.rollout import TransformersBackend as TransformersOptions
 from zbrl.models.kv_cache import cache_argument, left_pad, left_padded_positions, output_cache
-from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-from zbrl.rollout.backends.inflight import ChunkedGeneration
+from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
+from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
+from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
 
 if TYPE_CHECKING:
     from zbrl.models.lora import AdapterMerger
@@ -19,14 +22,14 @@ if TYPE_CHECKING:
 class TransformersBackend:
     """Batched sampling with ``model.generate``; log-probs come from the raw logits of each step.
     With several samples per prompt, each prompt is prefilled once and its cache shared by its
-    samples (:meth:`_prefill_once`).
-
-    A sequence's response ends at its first EOS (included) or, when a stop string ended it, where
-    ``generate`` started padding it; tokens after that are dropped, never padded into the rollout.
+    samples (:meth:`_prefill_once`). Where a response ends: :class:`.responses.ResponseRule`.
 
     With a ``merger`` (LoRA runs, :class:`zbrl.models.lora.AdapterMerger`) the weights it is sent
     are adapters, merged into the model from an unmerged copy of its base.
     """
+
+    capabilities: ClassVar[BackendCapabilities] = TransformersOptions.capabilities
+    """What it can do: declared by its config variant (``rollout.backend.type=transformers``)."""
 
     def __init__(
         self,
@@ -48,18 +51,38 @@ class TransformersBackend:
             self.pad_id = tokenizer.pad_token_id
         else:
             self.pad_id = next(iter(self.eos_ids))
+        self.responses = ResponseRule(tokenizer, self.eos_ids, self.pad_id)
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        inflight: InflightSwap | None = None,
-    ) -> list[list[Completion]]:
-        """``params.n`` completions per prompt; with ``inflight``, generated in chunks with new
-        weights between them (:mod:`zbrl.rollout.backends.inflight`)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, each in one ``generate`` call."""
         if not prompts:
             return []
+        input_ids, attention, kwargs = self._prefilled(prompts, params)
+        completions = self._generate_once(input_ids, attention, kwargs, params)
+        return grouped(completions, params.n, greedy=params.temperature == 0)
+
+    @torch.no_grad()
+    def start(
+        self, prompts: list[list[int]], params: SamplingParams, version: int, keep_cache: bool
+    ) -> ChunkedGeneration:
+        """A generation in chunks that its caller advances, with new weights possible between
+        chunks (:mod:`zbrl.rollout.backends.transformers.inflight`)."""
+        input_ids, attention, kwargs = self._prefilled(prompts, params)
+        per_prompt = kwargs["num_return_sequences"]
+        if per_prompt > 1:  # one-token prompts: no prefill to share
+            input_ids = input_ids.repeat_interleave(per_prompt, dim=0)
+            attention = attention.repeat_interleave(per_prompt, dim=0)
+            kwargs["num_return_sequences"] = 1
+        return ChunkedGeneration(
+            self.model, self.responses, params, input_ids, attention, kwargs, version, keep_cache
+        )
+
+    def _prefilled(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The left-padded prompts, their attention mask and ``generate``'s arguments, each
+        prompt prefilled once for its samples where it has more than one token."""
         input_ids, attention = self._left_pad(prompts)
         greedy = params.temperature == 0
         # greedy decoding gives the same answer n times: decode once, copy (transformers refuses
@@ -82,22 +105,9 @@ class TransformersBackend:
             )
         if params.stop_strings:
             kwargs.update(stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
-        # with in-flight updates, the newest weights before anything runs under them
-        version = inflight.swap() if inflight is not None else 0
         if per_prompt > 1 and input_ids.shape[1] > 1:
             input_ids, attention = self._prefill_once(input_ids, attention, per_prompt, kwargs)
-        if inflight is not None:
-            if kwargs["num_return_sequences"] > 1:  # one-token prompts: no prefill to share
-                input_ids = input_ids.repeat_interleave(per_prompt, dim=0)
-                attention = attention.repeat_interleave(per_prompt, dim=0)
-                kwargs["num_return_sequences"] = 1
-            chunked = ChunkedGeneration(self, params, inflight)
-            completions = chunked.run(input_ids, attention, kwargs, version)
-        else:
-            completions = self._generate_once(input_ids, attention, kwargs, params)
-        if greedy:
-            return [[c.copy() for _ in range(params.n)] for c in completions]
-        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        return input_ids, attention, kwargs
 
     def _generate_once(
         self,
@@ -111,11 +121,12 @@ class TransformersBackend:
         new_tokens_NL = out.sequences[:, input_ids.shape[1] :].cpu()
         logits_LNV = torch.stack(out.logits, dim=0) if out.logits else None
         temperature = 1.0 if params.temperature == 0 else params.temperature
-        logprobs_NL = self._sampled_logprobs(logits_LNV, new_tokens_NL, temperature)
-        return [
-            self._completion(new_tokens_NL[i], logprobs_NL[i], params)
-            for i in range(new_tokens_NL.shape[0])
-        ]
+        logprobs_NL = sampled_logprobs(logits_LNV, new_tokens_NL, temperature)
+        completions = []
+        for tokens, logprobs in zip(new_tokens_NL, logprobs_NL, strict=True):
+            length, stopped = self.responses.end(tokens, params.stop_strings)
+            completions.append(self.responses.completion(tokens, logprobs, length, stopped))
+        return completions
 
     def _prefill_once(
         self, input_ids: torch.Tensor, attention: torch.Tensor, n: int, kwargs: dict
@@ -150,60 +161,3 @@ class TransformersBackend:
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = left_pad(prompts, self.pad_id)
         return ids.to(self.device), mask.to(self.device)
-
-    @staticmethod
-    def _sampled_logprobs(
-        logits_LNV: torch.Tensor | None, tokens_NL: torch.Tensor, temperature: float
-    ) -> torch.Tensor:
-        n, length = tokens_NL.shape
-        if logits_LNV is None or length == 0:
-            return torch.zeros((n, length), dtype=torch.float32)
-        out = torch.empty((n, length), dtype=torch.float32)
-        for t in range(length):  # one step at a time: never a float32 copy of [L, N, V]
-            step = logits_LNV[t].float().cpu() / temperature
-            out[:, t] = (
-                torch.log_softmax(step, dim=-1).gather(1, tokens_NL[:, t : t + 1]).squeeze(1)
-            )
-        return out
-
-    def _completion(
-        self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams
-    ) -> Completion:
-        length, stopped = self._response_end(tokens, params.stop_strings)
-        finish = "stop" if stopped else "length"
-        ids = tokens[:length].clone()
-        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-        return Completion(ids, logprobs[:length].clone(), text, finish)
-
-    def _response_end(
-        self, tokens: torch.Tensor, stop_strings: tuple[str, ...]
-    ) -> tuple[int, bool]:
-        """(response length, ended by EOS or a stop string).
-
-        ``generate`` pads a sequence once it finished; a pad token ends the response only where
-        a stop string ends within the last token before it (``generate`` stops on a stop string
-        that ends inside a token too: ``</ans`` in a ``</answer>`` token), so a pad token the
-        model sampled is kept.
-        """
-        values = tokens.tolist()
-        for i, tok in enumerate(values):
-            if tok in self.eos_ids:
-                return i + 1, True
-            if (
-                stop_strings
-                and tok == self.pad_id
-                and self._stop_in_last_token(values[:i], stop_strings)
-            ):
-                return i, True
-        return len(values), self._stop_in_last_token(values, stop_strings)
-
-    def _stop_in_last_token(self, ids: list[int], stop_strings: tuple[str, ...]) -> bool:
-        """Whether a stop string ends within the text of ``ids``' last token."""
-        if not stop_strings or not ids:
-            return False
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        last = len(self.tokenizer.decode(ids[-1:], skip_special_tokens=False))
-        # a match ending in the last token starts at most len(stop) - 1 characters before it
-        return any(
-            stop in text[max(0, len(text) - last - len(stop) + 1) :] for stop in stop_strings
-        )

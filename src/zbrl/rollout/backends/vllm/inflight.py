@@ -5,9 +5,11 @@ Instead of ``LLM.generate``, every sample is its own request (``n=1``) added to 
 (``LLMEngine.add_request``), and the engine is stepped (``LLMEngine.step``) until all of them end.
 Each step samples at most one token per running request and returns the new tokens, their
 log-probs and text as deltas (``RequestOutputKind.DELTA``); each token is tagged with the version
-loaded when its step ran. Every ``chunk_tokens`` steps that sampled a token, the producer's
-``swap`` loads a newer version if it has one (through ``VllmBackend.load_weights``: the workers'
-``reload_weights`` in place, between two steps, so a step never sees two versions). EOS, stop
+loaded when its step ran. :class:`SteppedGeneration` is the backend's stepping handle: its caller
+(the producer, :func:`zbrl.rollout.inflight.generate_inflight`) advances it ``chunk_tokens``
+steps that sampled a token at a time and, between advances, loads a newer version if it has one
+(through ``VllmBackend.load_weights``: the workers' ``reload_weights`` in place, between two
+steps, so a step never sees two versions) and says so (``weights_loaded``). EOS, stop
 strings, ``max_tokens``, detokenization and log-probs are the engine's own, as in
 ``LLM.generate``, which adds the same requests (``n`` samples fan out into ``n`` requests there
 too) and steps the same engine.
@@ -27,7 +29,7 @@ next step before the current one returns, which would run it under the old weigh
 tokens with the new version): ``VllmSettings.inflight_updates`` turns it off, and a generation on
 an engine that schedules asynchronously is refused. LoRA adapters served by vLLM
 (``lora_mode: adapters``) swap the same way: with in-flight updates every version replaces the
-last under one adapter id (:class:`zbrl.rollout.backends.vllm_lora.VllmAdapters`, ``in_place``),
+last under one adapter id (:class:`zbrl.rollout.backends.vllm.lora.VllmAdapters`, ``in_place``),
 which the running requests keep; an engine that gives each version a new id is refused.
 """
 
@@ -38,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from zbrl.rollout.backends.base import Completion, InflightSwap, SamplingParams
-from zbrl.rollout.backends.vllm_backend import completion_of, sampled_logprobs
-from zbrl.rollout.backends.vllm_lora import VllmAdapters
+from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
+from zbrl.rollout.backends.vllm.lora import MergedAdapters, VllmAdapters
+from zbrl.rollout.backends.vllm.outputs import completion_of, request_params, sampled_logprobs
 
 REQUEST_PREFIX = "zbrl-inflight"
 """Request ids of in-flight generations (``LLM.generate`` numbers its own from 0)."""
@@ -102,65 +104,89 @@ class ResponseTrace:
 
 
 class SteppedGeneration:
-    """One in-flight generation of already expanded rows (one request per sample)."""
+    """One in-flight generation of already expanded rows (one request per sample): the stepping
+    handle (:class:`~zbrl.rollout.backends.base.GenerationHandle`) of the vLLM backend."""
 
     def __init__(
         self,
         engine: SteppedEngine,
         request_params: Any,
-        inflight: InflightSwap,
+        rows: list[list[int]],
         render: Callable[[list[list[int]]], list[Any]],
-        lora: Callable[[], Any] | None = None,
+        version: int,
+        *,
+        keep_cache: bool = False,
+        lora: Any = None,
+        follows: bool = True,
+        n: int = 1,
+        greedy: bool = False,
     ) -> None:
-        """``request_params``: vLLM ``SamplingParams`` with ``n=1`` and delta outputs;
-        ``render``: prompt token ids to the engine's inputs (``LLM.generate``'s rendering);
-        ``lora`` (LoRA adapters served by vLLM, each version loaded in place under one id): the
-        ``LoRARequest`` to add the requests with, read after the first swap; None: plain
-        weights. A batch that starts before the first adapter version (``lora`` returns None:
-        the base) swaps only at its start, since requests added without an adapter would go on
-        with the base under a newer version's tag."""
+        """Add a request for each of ``rows`` (prompt token ids) to ``engine``, sampled by
+        ``version`` (the weights loaded now). ``request_params``: vLLM ``SamplingParams`` with
+        ``n=1`` and delta outputs; ``render``: prompt token ids to the engine's inputs
+        (``LLM.generate``'s rendering); ``keep_cache``: keep the running requests' cache after
+        new weights; ``lora``: the ``LoRARequest`` to add the requests with (LoRA adapters served
+        by vLLM, each version loaded in place under that id; None: plain weights or the base);
+        ``follows``: whether the requests follow new weights (False for requests added on the
+        base in place of adapters: they would go on with the base under a newer version's tag,
+        so the batch then runs to its end in one advance); ``n`` and ``greedy``: how rows group
+        into prompts (:func:`~zbrl.rollout.backends.base.grouped`)."""
         self.engine = engine
-        self.request_params = request_params
-        self.inflight = inflight
-        self.render = render
-        self.lora = lora
-
-    def run(self, rows: list[list[int]]) -> list[Completion]:
-        """The completions of ``rows`` (prompt token ids), in order."""
-        version = self.inflight.swap()  # the newest weights before any prompt is prefilled
+        self.version = version
+        self.keep_cache = keep_cache
+        self.follows = follows
+        self.n = n
+        self.greedy = greedy
         call = next(_calls)
-        ids = [f"{REQUEST_PREFIX}-{call}-{i}" for i in range(len(rows))]
-        traces = {rid: ResponseTrace() for rid in ids}
-        swapped_while_running = False
+        self.ids = [f"{REQUEST_PREFIX}-{call}-{i}" for i in range(len(rows))]
+        self.traces = {rid: ResponseTrace() for rid in self.ids}
+        self.swapped_while_running = False
         try:
-            lora = self.lora() if self.lora is not None else None  # replaced in place later
-            follows = self.lora is None or lora is not None  # the requests follow new versions
-            for rid, prompt in zip(ids, self.render(rows), strict=True):
-                self.engine.add_request(rid, prompt, self.request_params, lora_request=lora)
-            steps = 0
-            while self.engine.has_unfinished_requests():
-                if self._step(traces, version):
-                    steps += 1
-                due = follows and steps >= self.inflight.chunk_tokens
-                if not due or not self.engine.has_unfinished_requests():
-                    continue
-                steps = 0
-                newer = self.inflight.swap()
-                if newer != version:
-                    version = newer
-                    swapped_while_running = True
-                    if not self.inflight.keep_cache:
-                        self.engine.reset_prefix_cache(reset_running_requests=True)
-        finally:
-            running = [rid for rid, t in traces.items() if t.finish_reason is None]
-            if running:  # an error mid-generation: leave no request behind in the engine
-                self.engine.abort_request(running)
-        if swapped_while_running and not self.engine.reset_prefix_cache():
+            for rid, prompt in zip(self.ids, render(rows), strict=True):
+                engine.add_request(rid, prompt, request_params, lora_request=lora)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def done(self) -> bool:
+        return not self.engine.has_unfinished_requests()
+
+    def advance(self, steps: int) -> None:
+        """Step the engine until ``steps`` steps sampled a token (all steps when the requests do
+        not follow new weights) or no request runs."""
+        sampled = 0
+        while self.engine.has_unfinished_requests():
+            if self._step(self.traces, self.version):
+                sampled += 1
+            if self.follows and sampled >= steps:
+                return
+
+    def weights_loaded(self, version: int) -> None:
+        """Tag the next steps' tokens with ``version`` and, unless ``keep_cache``, have vLLM
+        recompute the running requests under the new weights (preempt them)."""
+        self.version = version
+        self.swapped_while_running = True
+        if not self.keep_cache:
+            self.engine.reset_prefix_cache(reset_running_requests=True)
+
+    def results(self) -> list[list[Completion]]:
+        """The completions, grouped by prompt; after a swap the prefix cache is cleared, so the
+        next batch reuses no key/values the old weights computed."""
+        if self.swapped_while_running and not self.engine.reset_prefix_cache():
             raise RuntimeError(
                 "vLLM could not clear its prefix cache after an in-flight weight update: the "
                 "next batch would reuse key/values computed by the old weights"
             )
-        return [traces[rid].completion() for rid in ids]
+        done = [self.traces[rid].completion() for rid in self.ids]
+        return grouped(done, self.n, self.greedy)
+
+    def close(self) -> None:
+        """Abort the requests still running (an error mid-generation): none is left behind in
+        the engine."""
+        running = [rid for rid, t in self.traces.items() if t.finish_reason is None]
+        if running:
+            self.engine.abort_request(running)
 
     def _step(self, traces: dict[str, ResponseTrace], version: int) -> bool:
         """One engine step; whether it sampled a token."""
@@ -179,17 +205,30 @@ class SteppedGeneration:
         return sampled
 
 
-def generate_inflight(
-    backend: Any,
+def render_token_prompts(llm: Any, rows: list[list[int]]) -> list[Any]:
+    """``rows`` (prompt token ids) as the engine's inputs, rendered as ``LLM.generate`` renders
+    its prompts: parsed for the model, then the engine's renderer with its default completion
+    tokenization settings (what ``LLMEngine.add_request`` asks for instead of raw prompts)."""
+    from vllm.inputs import TokensPrompt
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    renderer = llm.renderer
+    parsed = [parse_model_prompt(llm.model_config, TokensPrompt(prompt_token_ids=r)) for r in rows]
+    return list(renderer.render_cmpl(parsed, renderer.default_cmpl_tok_params.with_kwargs()))
+
+
+def start_stepping(
+    llm: Any,
+    adapters: VllmAdapters | MergedAdapters | None,
     prompts: list[list[int]],
     params: SamplingParams,
-    inflight: InflightSwap,
-) -> list[list[Completion]]:
-    """``VllmBackend.generate`` with in-flight updates: ``params.n`` completions per prompt."""
-    if not prompts:
-        return []
-    engine = backend.llm.llm_engine
-    adapters = backend.adapters
+    version: int,
+    keep_cache: bool,
+) -> SteppedGeneration:
+    """``VllmBackend.start``: the stepping handle of a generation of ``params.n`` completions
+    per prompt on the engine of ``llm`` (a ``vllm.LLM``) that serves LoRA ``adapters`` (None:
+    plain weights) and holds ``version``."""
+    engine = llm.llm_engine
     in_place = isinstance(adapters, VllmAdapters) and adapters.in_place
     if engine.vllm_config.lora_config is not None and not in_place:
         raise ValueError(
@@ -204,20 +243,24 @@ def generate_inflight(
             "schedules asynchronously; build the backend with VllmSettings.inflight_updates=True "
             "(zbrl does when rollout.inflight_updates.enabled=true)"
         )
-    from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
     greedy = params.temperature == 0
     per_prompt = 1 if greedy else params.n  # greedy: decode once, copy (as without in-flight)
-    request_params = backend._sampling_params(replace(params, n=1))
-    request_params.output_kind = RequestOutputKind.DELTA
+    one_each = request_params(replace(params, n=1))
+    one_each.output_kind = RequestOutputKind.DELTA
     rows = [list(p) for p in prompts for _ in range(per_prompt)]
-
-    def render(rows: list[list[int]]) -> list[Any]:  # as LLM.generate renders its prompts
-        return backend.llm._preprocess_cmpl([TokensPrompt(prompt_token_ids=r) for r in rows])
-
-    lora = (lambda: backend.lora_request) if in_place else None
-    done = SteppedGeneration(engine, request_params, inflight, render, lora).run(rows)
-    if greedy:
-        return [[c.copy() for _ in range(params.n)] for c in done]
-    return [done[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]
+    # LoRA served in place: the adapter current now, which later versions replace under its id
+    lora = adapters.request if in_place else None
+    return SteppedGeneration(
+        engine,
+        one_each,
+        rows,
+        lambda rows: render_token_prompts(llm, rows),
+        version,
+        keep_cache=keep_cache,
+        lora=lora,
+        follows=not in_place or lora is not None,
+        n=params.n,
+        greedy=greedy,
+    )
