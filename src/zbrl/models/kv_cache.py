@@ -47,3 +47,19 @@ def left_padded_positions(attention: torch.Tensor) -> torch.Tensor:
     """Position ids of left-padded rows, counted from each row's first real token (as
     ``generate`` counts them; padding positions are 0 and masked anyway)."""
     return (attention.cumsum(1) - 1).clamp_min(0)
+
+
+def prompt_head_cache(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor
+) -> Any:
+    """The cache of every left-padded prompt token but the last, from one forward pass (the
+    last token is the one the next generation step feeds in)."""
+    head, head_mask = input_ids[:, :-1], attention[:, :-1]
+    out = model(
+        input_ids=head,
+        attention_mask=head_mask,
+        position_ids=left_padded_positions(head_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return output_cache(out)

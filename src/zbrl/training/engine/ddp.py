@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import (
+    clipped_step,
     cpu_snapshot,
     load_trained_weights,
     trainable_parameters,
@@ -78,11 +79,9 @@ class DdpEngine(RankedEngine):
 
     def clip_and_step(self, max_norm: float) -> float:
         # the gradients are identical on every rank after the all-reduce: so is the norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = clipped_step(self.policy, self.optimizer, self.scheduler, max_norm)
         self.optimizer_steps += 1
-        return float(grad_norm)
+        return grad_norm
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return trained_weights(self.policy) if self.rank == 0 else {}

@@ -112,11 +112,9 @@ class SingleProcessEngine:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def clip_and_step(self, max_norm: float) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = clipped_step(self.policy, self.optimizer, self.scheduler, max_norm)
         self.optimizer_steps += 1
-        return float(grad_norm)
+        return grad_norm
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return trained_weights(self.policy)
@@ -150,6 +148,17 @@ class SingleProcessEngine:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+
+
+def clipped_step(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, max_norm: float
+) -> float:
+    """Clip the gradients' global norm to ``max_norm``, step the optimizer and the LR schedule;
+    the norm before clipping."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    return float(grad_norm)
 
 
 def is_lora(model: torch.nn.Module) -> bool:

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import TransformersBackend as TransformersOptions
-from zbrl.models.kv_cache import cache_argument, left_pad, left_padded_positions, output_cache
+from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache
 from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
 from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
 from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
@@ -135,15 +135,7 @@ class TransformersBackend:
         cache repeated for the ``n`` samples (instead of ``num_return_sequences=n``, which runs
         every prompt n times): ``generate`` then starts at the last prompt token. The samples
         are the same (same logits, same random draws); the prompt's work is done once."""
-        head, head_mask = input_ids[:, :-1], attention[:, :-1]
-        out = self.model(
-            input_ids=head,
-            attention_mask=head_mask,
-            position_ids=left_padded_positions(head_mask),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = output_cache(out)
+        cache = prompt_head_cache(self.model, input_ids, attention)
         cache.batch_repeat_interleave(n)
         kwargs.update(num_return_sequences=1, **{cache_argument(self.model): cache})
         return input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)

@@ -36,7 +36,7 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
-from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
+from zbrl.models.kv_cache import cache_argument, output_cache, prompt_head_cache
 from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
 from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
 
@@ -150,15 +150,7 @@ class ChunkedGeneration:
     def _after_swap(self, input_ids: torch.Tensor, attention: torch.Tensor) -> Any:
         """The cache the next chunk continues from, after new weights were loaded: recomputed
         under them for every token but the last (which the next chunk feeds in)."""
-        head, head_mask = input_ids[:, :-1], attention[:, :-1]
-        out = self.model(
-            input_ids=head,
-            attention_mask=head_mask,
-            position_ids=left_padded_positions(head_mask),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return output_cache(out)
+        return prompt_head_cache(self.model, input_ids, attention)
 
     def _mark_ended(self, so_far_NL: torch.Tensor) -> None:
         """Record the response length of each row that ended in this chunk, as ``generate``
