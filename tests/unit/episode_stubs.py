@@ -3,9 +3,9 @@ given (decoded with the embedded tokenizer); every context it sees is recorded."
 
 import torch
 
+from zbrl.embedded.tokenizer import build_tokenizer
 from zbrl.environments.runner import EpisodeLimitSettings, EpisodeRunner
 from zbrl.environments.turns import TurnFormatter
-from zbrl.models.tokenizer import build_tokenizer
 from zbrl.rollout.backends.base import Completion
 
 TOKENIZER = build_tokenizer()

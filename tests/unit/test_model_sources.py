@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     """The embedded tiny model and tokenizer saved like a user's model (with a chat template)."""
-    from zbrl.models.tiny import build_tiny_model
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.tiny_model import build_tiny_model
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("tiny")
     tokenizer = build_tokenizer()
@@ -39,7 +39,7 @@ def no_template_dir(tmp_path_factory, tiny_dir) -> Path:
     """The same model, its tokenizer saved without a chat template."""
     import shutil
 
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("no-template")
     for f in tiny_dir.iterdir():
