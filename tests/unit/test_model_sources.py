@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zbrl.assembly.model_source import check_model_source
+from zbrl.assembly.model_source import open_model_source
 from zbrl.assembly.models import load_tokenizer
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
@@ -213,25 +213,25 @@ def test_tokenizer_without_a_chat_template_is_refused_by_name(no_template_dir, t
     assert f"model.path={str(no_template_dir)!r} has no chat template" in str(err.value)
     assert "set model.chat_template" in str(err.value)
     with pytest.raises(RunError, match="has no chat template"):
-        check_model_source(cfg)
-    check_model_source(cfg_for(no_template_dir, tmp_path, chat_template="{{ 'ok' }}"))
+        open_model_source(cfg)
+    open_model_source(cfg_for(no_template_dir, tmp_path, chat_template="{{ 'ok' }}"))
 
 
 def test_preflight_checks_directory_template_file_and_render(tiny_dir, tmp_path):
-    check_model_source(cfg_for(tiny_dir, tmp_path))  # a good model: no error
+    open_model_source(cfg_for(tiny_dir, tmp_path))  # a good model: no error
     with pytest.raises(RunError, match=r"model\.chat_template='.*absent\.jinja': no such file"):
         absent = str(tmp_path / "absent.jinja")
-        check_model_source(cfg_for("embedded", tmp_path, chat_template=absent))
+        open_model_source(cfg_for("embedded", tmp_path, chat_template=absent))
     with pytest.raises(RunError, match="fails on a one-message conversation"):
-        check_model_source(cfg_for(tiny_dir, tmp_path, chat_template="{% for %}"))
+        open_model_source(cfg_for(tiny_dir, tmp_path, chat_template="{% for %}"))
     weights_only = tmp_path / "weights-only"
     weights_only.mkdir()
     with pytest.raises(RunError, match="directory without a model"):
-        check_model_source(cfg_for(weights_only, tmp_path))
+        open_model_source(cfg_for(weights_only, tmp_path))
 
 
 def test_embedded_default_preflight_touches_nothing(tmp_path):
-    check_model_source(cfg_for("embedded", tmp_path / "cache"))
+    open_model_source(cfg_for("embedded", tmp_path / "cache"))
     assert not (tmp_path / "cache").exists()
 
 

@@ -1,4 +1,6 @@
-"""What a run needs on disk before workers start: the model directory and the dataset files.
+"""What a run needs on disk before workers start: the model directory and the dataset files,
+built once: the pre-flight (``zbrl.launch.preflight``) opens the user's model, tokenizer and
+dataset files into :class:`RunSources`, and :func:`prepare_artifacts` builds the rest from them.
 
 The embedded default (docs/embedded-default.md: its task files, warm-started model and reward
 model, cached under ``logging.cache_dir``) comes from :mod:`zbrl.assembly.embedded`; any other
@@ -11,16 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from zbrl.assembly.datasets import DatasetRef, dataset_refs, needs_embedded_task
+from zbrl.assembly.datasets import DatasetRef, DatasetRefs, needs_embedded_task, open_dataset_refs
 from zbrl.assembly.embedded import (
     embedded_policy_dir,
     embedded_reward_model_dir,
     embedded_task_files,
     uses_embedded_reward_model,
 )
-from zbrl.assembly.model_source import user_model_dir, user_tokenizer_dir
-from zbrl.config import EMBEDDED, RunConfig
-from zbrl.models.quiet import quiet_transformers
+from zbrl.assembly.model_source import OpenedModel, resolve_model_source
+from zbrl.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -31,22 +32,33 @@ class Artifacts:
     eval_paths: dict[str, DatasetRef]
 
 
-def prepare_artifacts(cfg: RunConfig, *, verbose: bool = True) -> Artifacts:
+@dataclass(frozen=True)
+class RunSources:
+    """What the pre-flight opened (the first half of the build), kept for the build."""
+
+    model: OpenedModel
+    """The model and tokenizer directories and the tokenizer (None parts: the embedded model)."""
+    datasets: DatasetRefs
+    """What each set reads (None: the embedded task's files)."""
+
+
+def prepare_artifacts(
+    cfg: RunConfig, sources: RunSources | None = None, *, verbose: bool = True
+) -> Artifacts:
+    """The second half of the build: the embedded default's files (task, warm start, reward
+    model) built or found, and every set's reference. ``sources``: what the pre-flight opened
+    (None: the model's directories resolved and the dataset files checked here; the tokenizer is
+    then loaded where prompts are encoded)."""
+    if sources is None:
+        sources = RunSources(resolve_model_source(cfg, verbose=verbose), open_dataset_refs(cfg))
     task_train = task_eval = None
     if needs_embedded_task(cfg):
         task_train, task_eval = embedded_task_files(cfg)
-    model_dir = _model_dir(cfg, verbose)
+    model_dir = sources.model.model_dir
+    if model_dir is None:  # the embedded model
+        model_dir = embedded_policy_dir(cfg, verbose=verbose)
     if uses_embedded_reward_model(cfg):  # trained on the warm-started policy's answers, cached
         embedded_reward_model_dir(cfg, verbose=verbose)
-    if cfg.model.tokenizer_path is not None:
-        quiet_transformers()
-    tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
-    train, evals = dataset_refs(cfg, task_train, task_eval)
+    tokenizer_dir = sources.model.tokenizer_dir or model_dir
+    train, evals = sources.datasets.with_task_files(task_train, task_eval)
     return Artifacts(model_dir, tokenizer_dir, train, evals)
-
-
-def _model_dir(cfg: RunConfig, verbose: bool) -> Path:
-    if cfg.model.path != EMBEDDED:  # a local directory, a GGUF file, a Hub id, a pulled name
-        quiet_transformers()
-        return user_model_dir(cfg, verbose=verbose)
-    return embedded_policy_dir(cfg, verbose=verbose)

@@ -1,12 +1,14 @@
-"""Checks of the files a run or ``zbrl eval`` reads, made before anything is created or loaded:
-each failure is a RunError naming the field (or flag) and the fix. ``zbrl.launch.preflight``
-runs :func:`check_data_files` for training; ``zbrl eval`` runs :func:`check_eval_inputs`."""
+"""Checks that open nothing a later build would use: whether the packages a config asks for are
+installed, and the inputs of ``zbrl eval`` (:func:`check_eval_inputs`). Each failure is a RunError
+naming the field (or flag) and the fix. What training opens before its run directory (model,
+tokenizer, dataset files) is opened once and kept (:class:`zbrl.assembly.artifacts.RunSources`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from zbrl.config import EMBEDDED, HELD_OUT, RunConfig
+from zbrl.assembly.datasets import check_readable_file
+from zbrl.config import HELD_OUT, RunConfig
 from zbrl.errors import RunError
 
 
@@ -32,42 +34,6 @@ def check_backend_installed(cfg: RunConfig) -> None:
                 f"model.lora is set, but peft is not installed in this environment "
                 f"({sys.executable}): {lora.INSTALL_HINT}"
             )
-
-
-def check_data_files(cfg: RunConfig) -> None:
-    """The dataset files the run reads (``data.train_path``, file-valued ``eval.sets``) exist
-    and can be read, and ``data.source`` can give data. Every line is validated later, still
-    before the run directory, when the prompts are encoded."""
-    from zbrl.assembly.datasets import check_data_source
-
-    if cfg.data.source is None and not cfg.data.trains_on_embedded:
-        check_readable_file(cfg.data.train_path, "data.train_path")
-    for name, value in cfg.eval.sets.items():
-        if value not in (EMBEDDED, HELD_OUT):
-            check_readable_file(value, f"eval.sets.{name}")
-    check_data_source(cfg)
-
-
-def check_readable_file(path: str, field: str) -> None:
-    """A RunError naming ``field`` unless ``path`` is a file this process can read."""
-    p = Path(path).expanduser()
-    where = f"{field}={path!r}"
-    if not p.exists():
-        relative = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
-        raise RunError(
-            f"{where} does not exist{relative}; give the path of a conversation JSONL or "
-            "Parquet file (docs/datasets.md)"
-        )
-    if p.is_dir():
-        raise RunError(
-            f"{where} is a directory; give a conversation JSONL or Parquet file, or for a "
-            "Hugging Face dataset directory set data.source={type: hf, path: DIR}"
-        )
-    try:
-        with p.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        raise RunError(f"{where} cannot be read ({exc.strerror}); fix its permissions") from None
 
 
 def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> None:
