@@ -1,13 +1,16 @@
-"""Checks that open nothing a later build would use: whether the packages a config asks for are
-installed, and the inputs of ``zbrl eval`` (:func:`check_eval_inputs`). Each failure is a RunError
-naming the field (or flag) and the fix. What training opens before its run directory (model,
-tokenizer, dataset files) is opened once and kept (:class:`zbrl.assembly.artifacts.RunSources`)."""
+"""What a start checks or opens before anything is created: whether the packages a config asks
+for are installed, and the inputs of ``zbrl eval``, opened once (:func:`open_eval_inputs`). Each
+failure is a RunError naming the field (or flag) and the fix. What training opens before its run
+directory (model, tokenizer, dataset files) is kept in
+:class:`zbrl.assembly.artifacts.RunSources`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from zbrl.assembly.datasets import check_readable_file
+from zbrl.assembly.datasets import DatasetRef, check_readable_file, eval_ref
 from zbrl.config import HELD_OUT, RunConfig
 from zbrl.errors import RunError
 
@@ -36,9 +39,21 @@ def check_backend_installed(cfg: RunConfig) -> None:
             )
 
 
-def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> None:
-    """Pre-flight of ``zbrl eval``: the model directory holds a model and a tokenizer, the
-    backend's package is installed, the reward builds and every ``--data`` file can be read."""
+@dataclass(frozen=True)
+class EvalInputs:
+    """What ``zbrl eval``'s pre-flight opened, for the evaluation to use."""
+
+    tokenizer: Any
+    """The model directory's tokenizer, with ``model.chat_template`` applied when set."""
+    sets: list[tuple[str, DatasetRef]]
+    """Each ``--data`` set's name and what it reads (a file, or the source's held-out split)."""
+
+
+def open_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> EvalInputs:
+    """Pre-flight of ``zbrl eval``, the first half of its build: the model directory holds a
+    model and a tokenizer (loaded here, once), the backend's package is installed, the reward
+    builds and every ``--data`` file can be read."""
+    from zbrl.assembly.model_source import load_tokenizer
     from zbrl.assembly.rewards import check_reward
     from zbrl.models import lora
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir
@@ -59,6 +74,8 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
     for name, path in data:
         if path != HELD_OUT:
             check_readable_file(path, f"--data {name}")
+    tokenizer = load_tokenizer(cfg, model_dir)  # every set is encoded before the model loads
+    return EvalInputs(tokenizer, [(name, eval_ref(cfg, path)) for name, path in data])
 
 
 def check_lora_checkpoint(adapter_dir: Path) -> None:
