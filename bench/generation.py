@@ -108,7 +108,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def make_model(root: Path, name: str) -> Path:
-    from zbrl.models.tiny import create_embedded_model
+    from zbrl.embedded.tiny_model import create_embedded_model
 
     model_dir = root / name
     create_embedded_model(model_dir, seed=0, **MODELS[name])

@@ -17,7 +17,7 @@ export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 model=/tmp/zbrl-gpu-model-$size
 if [ "$size" = tiny ]; then arch="{}"; gpus=0; dtype=float32
 else arch="dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864)"; gpus=0.5; dtype=bfloat16; fi
-[ -d "$model" ] || $py -c "from zbrl.models.tiny import create_embedded_model as c; c('$model', **$arch)"
+[ -d "$model" ] || $py -c "from zbrl.embedded.tiny_model import create_embedded_model as c; c('$model', **$arch)"
 for sync in object_store cuda_ipc; do
   run=$out/run-$sync; rm -rf "$run"
   timeout 300 $py -m zbrl.cli train recipes/demo.yaml model.path="$model" model.dtype=$dtype \

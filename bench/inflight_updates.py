@@ -152,7 +152,7 @@ def overhead(model_dir: str, chunk_tokens: int, repeats: int, backend_name: str)
 
     from zbrl.assembly.settings import sampling_params
     from zbrl.data.prompts import PromptEncoder
-    from zbrl.data.synthetic import make_arithmetic_rows
+    from zbrl.embedded.addition_task import make_arithmetic_rows
     from zbrl.rollout.inflight import InflightSwap, generate_inflight
 
     backend = overhead_backend(backend_name, model_dir)

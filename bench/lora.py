@@ -34,8 +34,8 @@ import torch
 
 from zbrl.assembly.models import build_engine
 from zbrl.config import load_config
+from zbrl.embedded.tiny_model import create_embedded_model
 from zbrl.models.quiet import quiet_transformers
-from zbrl.models.tiny import create_embedded_model
 
 
 def tensor_bytes(tensors) -> int:

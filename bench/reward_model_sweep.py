@@ -39,13 +39,13 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/zbrl-rm-sweep")
     args = parser.parse_args()
 
-    from zbrl.assembly.artifacts import embedded_policy_dir
+    from zbrl.assembly.embedded import embedded_policy_dir
     from zbrl.config import load_config
-    from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
+    from zbrl.embedded.reward_model import ensure_reward_model, read_reward_model_summary
 
     for seed in args.seeds:
         cfg = load_config(RECIPE, [f"seed={seed}", f"logging.cache_dir={args.cache}"])
-        policy = embedded_policy_dir(cfg, Path(args.cache))
+        policy = embedded_policy_dir(cfg)
         for objective in args.objectives:
             budgets = args.steps[:1] if objective == "likelihood" else args.steps
             for steps in budgets:

@@ -38,10 +38,11 @@ def run_variant(extra: list[str], overrides: list[str], out: Path) -> dict:
 
 
 def _warm_start_steps(cfg) -> int | None:
-    from zbrl.assembly.environments import demo_warm_start
+    from zbrl.assembly.embedded import embedded_policy_dir
+    from zbrl.embedded.warm_start import read_warm_start_summary
 
-    model_dir = demo_warm_start(cfg, Path(cfg.logging.cache_dir), verbose=False)
-    return json.loads((model_dir / "WARM_START_COMPLETE").read_text()).get("steps_trained")
+    model_dir = embedded_policy_dir(cfg, verbose=False)
+    return read_warm_start_summary(model_dir).get("steps_trained")
 
 
 def table(rows: list[tuple[str, dict]]) -> str:

@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from zbrl.embedded.tiny_model import create_embedded_model
     from zbrl.models.lora import AdapterMerger
-    from zbrl.models.tiny import create_embedded_model
     from zbrl.rollout.backends.base import SamplingParams
     from zbrl.rollout.backends.vllm.lora import AdapterSpec, MergedAdapters
 

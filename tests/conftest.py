@@ -50,14 +50,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised embedded model directory (built once per test session)."""
-    from zbrl.models.tiny import create_embedded_model
+    from zbrl.embedded.tiny_model import create_embedded_model
 
     return create_embedded_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")
 def task_files(tmp_path_factory):
-    from zbrl.data.synthetic import write_task
+    from zbrl.embedded.addition_task import write_task
 
     return write_task(tmp_path_factory.mktemp("task"), n_train=64, n_eval=16, seed=3)
 

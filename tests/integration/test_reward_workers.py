@@ -18,8 +18,8 @@ DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
-    from zbrl.models.reward_model import build_tiny_reward_model, save_reward_model
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.reward_model import build_tiny_reward_model, save_reward_model
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     model = build_tiny_reward_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=3)

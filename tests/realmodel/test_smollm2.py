@@ -64,13 +64,13 @@ def test_pulled_directory_holds_the_gguf_weights_and_tokenizer(smollm2_dir):
 
 
 def test_generates_with_its_own_chat_template(smollm2_dir, tmp_path):
-    from zbrl.assembly.model_source import check_model_source, user_model_dir
+    from zbrl.assembly.model_source import open_model_source, user_model_dir
     from zbrl.assembly.models import build_backend, load_tokenizer
     from zbrl.data.prompts import PromptEncoder
     from zbrl.rollout.backends.base import SamplingParams
 
     cfg = load_config(recipe(tmp_path), [])
-    check_model_source(cfg)  # the pre-flight passes
+    open_model_source(cfg)  # the pre-flight passes
     model_dir = user_model_dir(cfg)
     assert model_dir == smollm2_dir
     tokenizer = load_tokenizer(cfg, model_dir)

@@ -3,7 +3,7 @@ given (decoded with the embedded tokenizer); every context it sees is recorded."
 
 import torch
 
-from zbrl.models.tokenizer import build_tokenizer
+from zbrl.embedded.tokenizer import build_tokenizer
 from zbrl.rollout.backends.base import Completion
 from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
 from zbrl.rollout.transcripts import ChatTranscript

@@ -26,7 +26,7 @@ def run_config(*overrides: str) -> RunConfig:
 
 @lru_cache(maxsize=1)
 def _tokenizer():
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     return build_tokenizer()
 

@@ -237,16 +237,16 @@ def test_policy_logprobs_of_the_trained_sequence_match_the_sampled_ones(tiny_mod
 def test_the_tool_demos_warm_start_trains_the_sequences_episodes_produce():
     """The warm start's sequences (prompt, turns, loss mask) are the ones the episode runner
     builds when the model follows the trace."""
-    from zbrl.environments import demo_task
-    from zbrl.environments.demo_warm_start import sequence
+    from zbrl.embedded import multiplication_task
+    from zbrl.embedded.warm_start_tasks import episode_sequence
     from zbrl.rollout.turns import TurnFormatter
 
-    row = demo_task.make_rows(1, seed=0, split="train", tools=True)[0]
-    a, b = demo_task.operands(row)
+    row = multiplication_task.make_rows(1, seed=0, split="train", tools=True)[0]
+    a, b = multiplication_task.operands(row)
     assert row["gt_answer"] == str(a * b) and min(a, b) >= 100 and max(a, b) <= 999
     formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
-    prompt_ids, ids, mask = sequence(TOKENIZER, formatter, row, tools=True)
-    turns = [c for role, c in demo_task.trace(row, tools=True) if role == "assistant"]
+    prompt_ids, ids, mask = episode_sequence(TOKENIZER, formatter, row, tools=True)
+    turns = [c for role, c in multiplication_task.trace(row, tools=True) if role == "assistant"]
     backend = ScriptedBackend(lambda context, j: turns[context.count("<|assistant|>") - 1])
     template = TOKENIZER.apply_chat_template(row["messages"], add_generation_prompt=True)
     prompt = EncodedPrompt("d", list(template["input_ids"]), row)
@@ -254,7 +254,9 @@ def test_the_tool_demos_warm_start_trains_the_sequences_episodes_produce():
     assert prompt_ids == prompt.prompt_ids
     assert ep.token_ids.tolist() == ids and ep.loss_mask.tolist() == mask
     assert ep.text == f"<answer>{a * b}</answer>"
-    plain = sequence(TOKENIZER, formatter, demo_task.make_row(a, b, tools=False), tools=False)
+    plain = episode_sequence(
+        TOKENIZER, formatter, multiplication_task.make_row(a, b, tools=False), tools=False
+    )
     assert TOKENIZER.decode(plain[1]) == f"<answer>{a * b}</answer><|end|>" and all(plain[2])
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from role_settings import buffer_settings, producer_settings, sampling_params, single_turn
 
-from zbrl.assembly.datasets import dataset_refs, encode_prompts, load_set_examples
+from zbrl.assembly.datasets import encode_prompts, load_set_examples, open_dataset_refs
 from zbrl.assembly.rewards import build_reward_fn
 from zbrl.config import ConfigError, load_config
 from zbrl.data import hf_source
@@ -33,6 +33,11 @@ ROWS = {
     "tags": [["add"], ["sub"], ["add"]],
 }
 MAPPING = "{prompt: question, answer: answer}"
+
+
+def refs_of(cfg):
+    """What the training set and each eval set read (no embedded task in these configs)."""
+    return open_dataset_refs(cfg).with_task_files(None, None)
 
 
 def hf_config(path, *extra):
@@ -60,7 +65,7 @@ def test_jsonl_file_maps_columns_and_keeps_the_others_in_fields(tmp_path):
     rows = [dict(zip(ROWS, values)) for values in zip(*ROWS.values())]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = hf_config(path)
-    train, evals = dataset_refs(cfg, None, None)
+    train, evals = refs_of(cfg)
     examples = load_set_examples(train, cfg).examples
     assert evals == {}
     assert [e.messages for e in examples] == [
@@ -78,7 +83,7 @@ def test_csv_file_and_a_conversation_column(tmp_path):
     path = tmp_path / "qa.csv"
     path.write_text("prompt,answer,source\nWhat is 1+1?,2,book\n")
     cfg = load_config(None, [f"data.source={{type: hf, path: {path}}}", "eval.sets={}"])
-    (example,) = load_set_examples(dataset_refs(cfg, None, None)[0], cfg).examples
+    (example,) = load_set_examples(refs_of(cfg)[0], cfg).examples
     assert example.messages == ({"role": "user", "content": "What is 1+1?"},)
     assert (example.gt_answer, example.fields) == ("2", {"source": "book"})
 
@@ -93,7 +98,7 @@ def test_csv_file_and_a_conversation_column(tmp_path):
             "eval.sets={}",
         ],
     )
-    (example,) = load_set_examples(dataset_refs(cfg, None, None)[0], cfg).examples
+    (example,) = load_set_examples(refs_of(cfg)[0], cfg).examples
     assert example.messages == tuple(messages)
     assert (example.gt_answer, example.fields) == ("3", {"level": 1})
 
@@ -101,7 +106,7 @@ def test_csv_file_and_a_conversation_column(tmp_path):
 def test_saved_dataset_dict_gives_train_and_held_out_splits(tmp_path):
     path = saved_dict(tmp_path)
     cfg = hf_config(path, "data.source.eval_split=test", "eval.sets={heldout: held_out}")
-    train, evals = dataset_refs(cfg, None, None)
+    train, evals = refs_of(cfg)
     assert len(load_set_examples(train, cfg).examples) == 3
     (held,) = load_set_examples(evals["heldout"], cfg).examples
     assert held.uid == "saved:test:1" and held.gt_answer == "5"
@@ -111,10 +116,10 @@ def test_missing_column_and_unknown_split_name_the_fix(tmp_path):
     path = saved_dict(tmp_path)
     cfg = load_config(None, [f"data.source={{type: hf, path: {path}}}", "eval.sets={}"])
     with pytest.raises(DatasetError, match=r"no column 'prompt'.*columns: question, answer"):
-        load_set_examples(dataset_refs(cfg, None, None)[0], cfg)
+        load_set_examples(refs_of(cfg)[0], cfg)
     cfg = hf_config(path, "data.source.split=validation")
     with pytest.raises(DatasetError, match=r"split 'validation' is not in .*splits: train, test"):
-        load_set_examples(dataset_refs(cfg, None, None)[0], cfg)
+        load_set_examples(refs_of(cfg)[0], cfg)
 
 
 def test_bad_row_names_the_row_and_can_be_skipped(tmp_path):
@@ -127,9 +132,9 @@ def test_bad_row_names_the_row_and_can_be_skipped(tmp_path):
     )
     cfg = hf_config(path)
     with pytest.raises(DatasetError, match=r"qa.jsonl\[train\] row 2: the prompt 'question'"):
-        load_set_examples(dataset_refs(cfg, None, None)[0], cfg)
+        load_set_examples(refs_of(cfg)[0], cfg)
     cfg = hf_config(path, "data.skip_bad_lines=true")
-    report = load_set_examples(dataset_refs(cfg, None, None)[0], cfg)
+    report = load_set_examples(refs_of(cfg)[0], cfg)
     assert len(report.examples) == 1 and report.num_skipped == 1
 
 
@@ -249,7 +254,7 @@ def test_a_datasets_column_reaches_a_user_reward_through_the_producer(tmp_path, 
         path,
         "reward={type: 'user_rewards_hf:by_difficulty', options: {scale: 2.0}, timeout_s: null}",
     )
-    prompts, _ = encode_prompts(dataset_refs(cfg, None, None)[0], cfg, CharTokenizer())
+    prompts, _ = encode_prompts(refs_of(cfg)[0], cfg, CharTokenizer())
     reward = build_reward_fn(cfg)
 
     buffer = RolloutBuffer(buffer_settings(groups_per_step=1, max_staleness=100, num_producers=1))

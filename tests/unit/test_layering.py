@@ -4,6 +4,7 @@ source: arrows only point down."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -75,10 +76,6 @@ def test_the_sandbox_stands_below_rewards_and_environments() -> None:
     assert _violations(["sandbox"], (*others, "zbrl.launch")) == []
 
 
-def test_rewards_import_neither_data_nor_models() -> None:
-    assert _violations(["rewards"], ("zbrl.data", "zbrl.models")) == []
-
-
 def test_the_rule_sees_a_violation(tmp_path: Path) -> None:
     """The scanner itself finds imports inside functions (so the tests above can fail)."""
     module = tmp_path / "m.py"
@@ -89,21 +86,16 @@ def test_the_rule_sees_a_violation(tmp_path: Path) -> None:
 
 
 def _module_imports(path: Path) -> set[str]:
-    """Modules ``path`` imports when it is loaded (top level, including ``if TYPE_CHECKING:``
-    blocks, not inside functions): ``from a.b import c`` names ``a.b`` and ``a.b.c``."""
+    """Modules ``path`` imports, wherever the import stands (top level, ``if TYPE_CHECKING:``
+    blocks, inside functions): ``from a.b import c`` names ``a.b`` and ``a.b.c``. A lazy import
+    keeps a process light; it is not a way around the rules below."""
     names: set[str] = set()
-
-    def visit(nodes: list[ast.stmt]) -> None:
-        for node in nodes:
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module)
-                names.update(f"{node.module}.{alias.name}" for alias in node.names)
-            elif isinstance(node, ast.If):
-                visit(node.body)
-
-    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -148,17 +140,97 @@ def _import_cycles() -> list[list[str]]:
     return cycles
 
 
-def test_no_two_modules_import_each_other_even_for_type_checking() -> None:
+def test_no_two_modules_import_each_other_even_inside_functions() -> None:
     assert _import_cycles() == []
 
 
-def test_the_cycle_finder_sees_a_type_checking_circle(tmp_path, monkeypatch) -> None:
+def test_the_cycle_finder_sees_circles_through_type_checking_and_functions(
+    tmp_path, monkeypatch
+) -> None:
     package = tmp_path / "zbrl"
     package.mkdir()
     (package / "a.py").write_text("from zbrl.b import B\n")
     (package / "b.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from zbrl.a import A\nB = 1\n"
     )
-    (package / "c.py").write_text("from zbrl.a import A\n")
+    (package / "c.py").write_text("def f():\n    from zbrl.d import D\n")
+    (package / "d.py").write_text("from zbrl.c import f\nD = 1\n")
+    (package / "e.py").write_text("from zbrl.a import A\n")
     monkeypatch.setattr(f"{__name__}.SRC", package)
-    assert _import_cycles() == [["zbrl.a", "zbrl.b"]]
+    assert _import_cycles() == [["zbrl.a", "zbrl.b"], ["zbrl.c", "zbrl.d"]]
+
+
+# --- floors: the rooms of src/zbrl, each on a floor, as drawn in docs/architecture.md ----------
+
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
+FLOOR_ROW = re.compile(r"^\| *(\d+) *\| *([a-z_ ,]+?) *\|")
+
+
+def _floors(doc: Path) -> dict[str, int]:
+    """The floor of each room, read from the floors table of ``doc`` (``| 3 | rewards, data |``)."""
+    floors: dict[str, int] = {}
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        match = FLOOR_ROW.match(line)
+        if match:
+            for room in match.group(2).split(","):
+                assert room.strip() not in floors, f"{room.strip()} is on two floors in {doc}"
+                floors[room.strip()] = int(match.group(1))
+    return floors
+
+
+def _room(module: str) -> str:
+    """``zbrl.rollout.backends.base`` -> ``rollout``; ``zbrl.types`` -> ``types``."""
+    return module.split(".")[1]
+
+
+def _rooms(src: Path) -> set[str]:
+    return {
+        p.name if p.is_dir() else p.stem
+        for p in src.iterdir()
+        if (p.is_dir() and any(p.rglob("*.py"))) or (p.suffix == ".py" and p.name != "__init__.py")
+    }
+
+
+def _upward_imports(src: Path, floors: dict[str, int]) -> list[str]:
+    """Each import (wherever it stands) from a room to a room on the same or a higher floor."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        room = parts[0]
+        for name in sorted(_imports(path)):
+            if not name.startswith("zbrl.") or name.count(".") < 1:
+                continue
+            other = _room(name)
+            if other != room and other in floors and floors[other] >= floors[room]:
+                found.append(
+                    f"{path.relative_to(src)} (floor {floors[room]}) imports {name} "
+                    f"(floor {floors[other]})"
+                )
+    return found
+
+
+def test_every_room_is_on_a_floor() -> None:
+    floors = _floors(ARCHITECTURE)
+    assert _rooms(SRC) == set(floors), "docs/architecture.md's floors table and src/zbrl differ"
+
+
+def test_imports_point_down_the_floors() -> None:
+    assert _upward_imports(SRC, _floors(ARCHITECTURE)) == []
+
+
+def test_the_floor_rule_sees_a_lazy_import_running_up(tmp_path: Path) -> None:
+    src = tmp_path / "zbrl"
+    for room in ("low", "high"):
+        (src / room).mkdir(parents=True)
+        (src / room / "__init__.py").write_text("")
+    (src / "high" / "a.py").write_text("from zbrl.low.b import B\n")
+    (src / "low" / "b.py").write_text("B = 1\ndef f():\n    from zbrl.high.a import A\n")
+    doc = tmp_path / "architecture.md"
+    doc.write_text("| floor | rooms |\n|---|---|\n| 2 | high |\n| 1 | low |\n")
+    assert _floors(doc) == {"high": 2, "low": 1}
+    assert _rooms(src) == {"high", "low"}
+    assert _upward_imports(src, _floors(doc)) == [
+        "low/b.py (floor 1) imports zbrl.high.a (floor 2)"
+    ]

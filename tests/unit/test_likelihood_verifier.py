@@ -124,7 +124,7 @@ def test_the_embedded_build_fits_a_likelihood_verifier_and_records_its_figures(
 ):
     from transformers import AutoConfig
 
-    from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
+    from zbrl.embedded.reward_model import ensure_reward_model, read_reward_model_summary
 
     small = {"n_prompts": 6, "samples_per_prompt": 2, "eval_prompts": 3, "max_new_tokens": 8,
              "backbone_sft_steps": None}  # fmt: skip

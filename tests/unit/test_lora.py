@@ -326,7 +326,7 @@ def test_the_kl_reference_of_a_lora_checkpoint_is_its_base(checkpointed, tiny_mo
 
 
 def test_a_lora_run_without_peft_is_refused_before_it_starts(monkeypatch):
-    from zbrl.assembly.models import check_backend_installed
+    from zbrl.assembly.input_checks import check_backend_installed
     from zbrl.models import lora
 
     monkeypatch.setattr(lora, "peft_available", lambda: False)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zbrl.assembly.model_source import check_model_source
+from zbrl.assembly.model_source import open_model_source
 from zbrl.assembly.models import load_tokenizer
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     """The embedded tiny model and tokenizer saved like a user's model (with a chat template)."""
-    from zbrl.models.tiny import build_tiny_model
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.tiny_model import build_tiny_model
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("tiny")
     tokenizer = build_tokenizer()
@@ -39,7 +39,7 @@ def no_template_dir(tmp_path_factory, tiny_dir) -> Path:
     """The same model, its tokenizer saved without a chat template."""
     import shutil
 
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("no-template")
     for f in tiny_dir.iterdir():
@@ -213,25 +213,25 @@ def test_tokenizer_without_a_chat_template_is_refused_by_name(no_template_dir, t
     assert f"model.path={str(no_template_dir)!r} has no chat template" in str(err.value)
     assert "set model.chat_template" in str(err.value)
     with pytest.raises(RunError, match="has no chat template"):
-        check_model_source(cfg)
-    check_model_source(cfg_for(no_template_dir, tmp_path, chat_template="{{ 'ok' }}"))
+        open_model_source(cfg)
+    open_model_source(cfg_for(no_template_dir, tmp_path, chat_template="{{ 'ok' }}"))
 
 
 def test_preflight_checks_directory_template_file_and_render(tiny_dir, tmp_path):
-    check_model_source(cfg_for(tiny_dir, tmp_path))  # a good model: no error
+    open_model_source(cfg_for(tiny_dir, tmp_path))  # a good model: no error
     with pytest.raises(RunError, match=r"model\.chat_template='.*absent\.jinja': no such file"):
         absent = str(tmp_path / "absent.jinja")
-        check_model_source(cfg_for("embedded", tmp_path, chat_template=absent))
+        open_model_source(cfg_for("embedded", tmp_path, chat_template=absent))
     with pytest.raises(RunError, match="fails on a one-message conversation"):
-        check_model_source(cfg_for(tiny_dir, tmp_path, chat_template="{% for %}"))
+        open_model_source(cfg_for(tiny_dir, tmp_path, chat_template="{% for %}"))
     weights_only = tmp_path / "weights-only"
     weights_only.mkdir()
     with pytest.raises(RunError, match="directory without a model"):
-        check_model_source(cfg_for(weights_only, tmp_path))
+        open_model_source(cfg_for(weights_only, tmp_path))
 
 
 def test_embedded_default_preflight_touches_nothing(tmp_path):
-    check_model_source(cfg_for("embedded", tmp_path / "cache"))
+    open_model_source(cfg_for("embedded", tmp_path / "cache"))
     assert not (tmp_path / "cache").exists()
 
 

@@ -22,7 +22,7 @@ from peerlib.trl_reward import make_trl_reward
 from peerlib.zbrl_clock import checkpoint_times, clock_origin, save_overhead
 from zbrl.assembly.rewards import build_reward_fn
 from zbrl.config import load_config
-from zbrl.data.synthetic import make_row, reference_completion
+from zbrl.embedded.addition_task import make_row, reference_completion
 from zbrl.telemetry.spans import GENERATE, STARTUP, TRAIN_STEP, WAIT_FOR_DATA, Span
 
 DEMO = str(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from role_settings import sampling_params, single_turn
 
-from zbrl.assembly.datasets import check_data_source, dataset_refs, load_set_examples
+from zbrl.assembly.datasets import check_data_source, load_set_examples, open_dataset_refs
 from zbrl.assembly.rewards import build_reward_fn, default_system_prompt
 from zbrl.config import ConfigError, load_config
 from zbrl.data.dataset import DatasetError
@@ -30,12 +30,17 @@ RG = [SOURCE, "eval.sets={heldout: held_out}"]
 CTX = RewardContext(response_tokens=4, max_new_tokens=24)
 
 
+def refs_of(cfg):
+    """What the training set and each eval set read (no embedded task in these configs)."""
+    return open_dataset_refs(cfg).with_task_files(None, None)
+
+
 def rg_config(*extra):
     return load_config(None, [*RG, "reward.type=reasoning_gym", *extra])
 
 
 def splits(cfg):
-    train, evals = dataset_refs(cfg, None, None)
+    train, evals = refs_of(cfg)
     return load_set_examples(train, cfg).examples, load_set_examples(evals["heldout"], cfg).examples
 
 

@@ -17,8 +17,8 @@ PROMPT = [{"role": "user", "content": "What is 2+3?"}]
 
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
-    from zbrl.models.reward_model import build_tiny_reward_model, save_reward_model
-    from zbrl.models.tokenizer import build_tokenizer
+    from zbrl.embedded.reward_model import build_tiny_reward_model, save_reward_model
+    from zbrl.embedded.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     model = build_tiny_reward_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)
@@ -139,7 +139,7 @@ def test_config_builds_primary_extra_and_eval_rewards(rm_dir):
 
 
 def test_counterfactual_pairs_differ_only_in_the_answer():
-    from zbrl.models.reward_model import _with_counterfactuals
+    from zbrl.embedded.reward_model import _with_counterfactuals
 
     row = {"messages": PROMPT, "gt_answer": "5"}
     rows, responses = _with_counterfactuals(
@@ -155,14 +155,14 @@ def test_counterfactual_pairs_differ_only_in_the_answer():
 def test_held_out_figures():
     import torch
 
-    from zbrl.models.reward_model import held_out_figures
+    from zbrl.embedded.reward_model import held_out_figures
 
     figures = held_out_figures(torch.tensor([2.0, -1.0, 0.5, -3.0]), [1.0, 0.0, 0.0, 0.0])
     assert figures == {"pairs": 4, "positive_rate": 0.25, "accuracy": 0.75, "auc": 1.0}
 
 
 def test_embedded_reward_model_is_trained_once_and_cached(tmp_path, tiny_model_dir):
-    from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
+    from zbrl.embedded.reward_model import ensure_reward_model, read_reward_model_summary
 
     small = {"n_prompts": 4, "samples_per_prompt": 2, "steps": 2, "batch_size": 4,
              "eval_prompts": 3, "max_new_tokens": 8, "backbone_sft_steps": None,
@@ -180,15 +180,15 @@ def test_embedded_reward_model_is_trained_once_and_cached(tmp_path, tiny_model_d
 
 
 def test_same_problem_pairs():
-    from zbrl.models.reward_model import same_problem_pairs
+    from zbrl.embedded.reward_model import same_problem_pairs
 
     labels = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]  # problems of 3: [1,0,0], [1,1,1], [0]
     assert same_problem_pairs(labels, 3) == [(0, 1), (0, 2)]
 
 
 def test_column_trace_is_the_reference_and_its_mistakes_propagate():
-    from zbrl.data.synthetic import make_row, reference_completion
-    from zbrl.models.reward_model_data import column_trace, completion
+    from zbrl.embedded.addition_task import make_row, reference_completion
+    from zbrl.embedded.reward_model_data import column_trace, completion
 
     for a, b in [(37, 48), (7, 95), (0, 0), (99, 99), (50, 5)]:
         assert completion(*column_trace(a, b)) == reference_completion(make_row(a, b))
@@ -200,8 +200,8 @@ def test_column_trace_is_the_reference_and_its_mistakes_propagate():
 def test_corruptions_are_distinct_and_never_the_reference():
     import random
 
-    from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
-    from zbrl.models.reward_model_data import corruptions, is_right
+    from zbrl.embedded.addition_task import make_arithmetic_rows, reference_completion
+    from zbrl.embedded.reward_model_data import corruptions, is_right
 
     rng = random.Random(0)
     for row in make_arithmetic_rows(50, seed=3, split="train"):
@@ -216,7 +216,7 @@ def test_corruptions_are_distinct_and_never_the_reference():
 
 
 def test_prefix_labels_follow_the_reference_until_the_first_mistake():
-    from zbrl.models.reward_model_data import first_deviation, prefix_labels
+    from zbrl.embedded.reward_model_data import first_deviation, prefix_labels
 
     assert first_deviation("<answer>85</answer>", "<answer>85</answer>") is None
     assert first_deviation("<answer>86</answer>", "<answer>85</answer>") == 9
@@ -234,7 +234,7 @@ def test_tokenwise_reward_model_builds_with_fresh_layers_and_corruption_figures(
 ):
     from transformers import AutoConfig
 
-    from zbrl.models.reward_model import ensure_reward_model, read_reward_model_summary
+    from zbrl.embedded.reward_model import ensure_reward_model, read_reward_model_summary
 
     small = {"n_prompts": 4, "samples_per_prompt": 2, "steps": 2, "batch_size": 4,
              "eval_prompts": 3, "max_new_tokens": 8, "backbone_sft_steps": None,

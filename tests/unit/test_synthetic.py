@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from zbrl.data.synthetic import (
+from zbrl.embedded.addition_task import (
     SYSTEM_PROMPT,
     extract_answer,
     make_arithmetic_rows,

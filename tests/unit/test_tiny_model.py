@@ -8,10 +8,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
-from zbrl.models.tiny import build_tiny_model, create_embedded_model
-from zbrl.models.tokenizer import EOS_TOKEN, ROLE_TOKENS, TAG_TOKENS, build_tokenizer
-from zbrl.models.warm_start import MARKER, ensure_warm_start, read_warm_start_summary
+from zbrl.embedded.addition_task import make_arithmetic_rows, reference_completion
+from zbrl.embedded.tiny_model import build_tiny_model, create_embedded_model
+from zbrl.embedded.tokenizer import EOS_TOKEN, ROLE_TOKENS, TAG_TOKENS, build_tokenizer
+from zbrl.embedded.warm_start import (
+    MARKER,
+    WarmStartSettings,
+    ensure_warm_start,
+    read_warm_start_summary,
+)
+from zbrl.embedded.warm_start_tasks import AdditionWarmStart
 
 
 @pytest.fixture(scope="module")
@@ -159,15 +165,21 @@ def test_build_tiny_model_is_seeded_and_sized():
         build_tiny_model(tok, hidden_size=30, num_heads=4)
 
 
+def _warm_start(cache, **settings):
+    """The addition task's warm start, without its held-out figures, quietly."""
+    task = AdditionWarmStart(eval_size=0)
+    return ensure_warm_start(cache, task, WarmStartSettings(**settings), verbose=False)
+
+
 def test_warm_start_is_cached_by_its_settings(tmp_path):
-    settings = {"n_train": 32, "batch_size": 4, "eval_size": 0, "verbose": False}
-    first = ensure_warm_start(tmp_path, seed=0, steps=2, **settings)
+    settings = {"n_train": 32, "batch_size": 4}
+    first = _warm_start(tmp_path, seed=0, steps=2, **settings)
     assert (first / MARKER).is_file()
     assert read_warm_start_summary(first)["steps_trained"] == 2
     marker_mtime = (first / MARKER).stat().st_mtime_ns
-    again = ensure_warm_start(tmp_path, seed=0, steps=2, **settings)
+    again = _warm_start(tmp_path, seed=0, steps=2, **settings)
     assert again == first and (first / MARKER).stat().st_mtime_ns == marker_mtime
-    other = ensure_warm_start(tmp_path, seed=0, steps=3, **settings)
+    other = _warm_start(tmp_path, seed=0, steps=3, **settings)
     assert other != first
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, other.name])
     model = AutoModelForCausalLM.from_pretrained(first)
@@ -176,8 +188,8 @@ def test_warm_start_is_cached_by_its_settings(tmp_path):
 
 
 def test_warm_start_without_marker_is_rebuilt(tmp_path):
-    settings = {"n_train": 32, "batch_size": 4, "eval_size": 0, "verbose": False}
-    built = ensure_warm_start(tmp_path, seed=0, steps=1, **settings)
+    settings = {"n_train": 32, "batch_size": 4}
+    built = _warm_start(tmp_path, seed=0, steps=1, **settings)
     (built / MARKER).unlink()  # as if interrupted before the marker was written
-    rebuilt = ensure_warm_start(tmp_path, seed=0, steps=1, **settings)
+    rebuilt = _warm_start(tmp_path, seed=0, steps=1, **settings)
     assert rebuilt == built and (rebuilt / MARKER).is_file()

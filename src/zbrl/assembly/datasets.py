@@ -17,6 +17,7 @@ from zbrl.config import (
 )
 from zbrl.data.dataset import LoadReport, load_examples
 from zbrl.data.prompts import PromptEncoder, resolve_system_prompt
+from zbrl.errors import RunError
 
 if TYPE_CHECKING:  # zbrl.types imports torch, which the pre-flight checks do without
     from zbrl.types import EncodedPrompt
@@ -44,28 +45,79 @@ def needs_embedded_task(cfg: RunConfig) -> bool:
     return cfg.data.trains_on_embedded or EMBEDDED in cfg.eval.sets.values()
 
 
-def dataset_refs(
-    cfg: RunConfig, task_train: Path | None, task_eval: Path | None
-) -> tuple[DatasetRef, dict[str, DatasetRef]]:
-    """What the training set and each eval set read (the embedded task's files when given)."""
+@dataclass(frozen=True)
+class DatasetRefs:
+    """What the training set and each eval set read, opened by the pre-flight; None where a set
+    reads the embedded task, whose files the build writes (:meth:`with_task_files`)."""
+
+    train: DatasetRef | None
+    """``data.train_path``'s file or ``data.source``'s train split (None: the embedded task)."""
+    evals: dict[str, DatasetRef | None]
+    """Each of ``eval.sets``: a file or the source's held-out split (None: the embedded
+    task's held-out split)."""
+
+    def with_task_files(
+        self, task_train: Path | None, task_eval: Path | None
+    ) -> tuple[DatasetRef, dict[str, DatasetRef]]:
+        """Every set's reference, the embedded task's files filled in."""
+        train = self.train if self.train is not None else task_train
+        assert train is not None  # written by the build when a set reads the embedded task
+        evals: dict[str, DatasetRef] = {}
+        for name, ref in self.evals.items():
+            evals[name] = ref if ref is not None else _given(task_eval)
+        return train, evals
+
+
+def _given(path: Path | None) -> Path:
+    assert path is not None  # written by the build when a set reads the embedded task
+    return path
+
+
+def open_dataset_refs(cfg: RunConfig) -> DatasetRefs:
+    """Pre-flight, the first half of the build: the dataset files the run reads
+    (``data.train_path``, file-valued ``eval.sets``) exist and can be read, and ``data.source``
+    can give data. Every line is validated later, still before the run directory, when the
+    prompts are encoded. Raises RunError (or DatasetError) naming the field."""
     source = cfg.data.source
+    train: DatasetRef | None = None
     if source is not None:
-        train: DatasetRef = SourceSplit(source, "train")
-    elif cfg.data.trains_on_embedded:
-        assert task_train is not None
-        train = task_train
-    else:
-        train = _existing(cfg.data.train_path)
-    evals: dict[str, DatasetRef] = {}
+        train = SourceSplit(source, "train")
+    elif not cfg.data.trains_on_embedded:
+        check_readable_file(cfg.data.train_path, "data.train_path")
+        train = Path(cfg.data.train_path)
+    evals: dict[str, DatasetRef | None] = {}
     for name, value in cfg.eval.sets.items():
         if value == HELD_OUT and source is not None:
             evals[name] = SourceSplit(source, "eval")
         elif value in (HELD_OUT, EMBEDDED):  # held_out of the embedded task: its eval split
-            assert task_eval is not None
-            evals[name] = task_eval
+            evals[name] = None
         else:
-            evals[name] = _existing(value)
-    return train, evals
+            check_readable_file(value, f"eval.sets.{name}")
+            evals[name] = Path(value)
+    check_data_source(cfg)
+    return DatasetRefs(train, evals)
+
+
+def check_readable_file(path: str, field: str) -> None:
+    """A RunError naming ``field`` unless ``path`` is a file this process can read."""
+    p = Path(path).expanduser()
+    where = f"{field}={path!r}"
+    if not p.exists():
+        relative = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+        raise RunError(
+            f"{where} does not exist{relative}; give the path of a conversation JSONL or "
+            "Parquet file (docs/datasets.md)"
+        )
+    if p.is_dir():
+        raise RunError(
+            f"{where} is a directory; give a conversation JSONL or Parquet file, or for a "
+            "Hugging Face dataset directory set data.source={type: hf, path: DIR}"
+        )
+    try:
+        with p.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise RunError(f"{where} cannot be read ({exc.strerror}); fix its permissions") from None
 
 
 def eval_ref(cfg: RunConfig, value: str) -> DatasetRef:
@@ -78,13 +130,6 @@ def eval_ref(cfg: RunConfig, value: str) -> DatasetRef:
             )
         return SourceSplit(cfg.data.source, "eval")
     return Path(value)
-
-
-def _existing(path: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"dataset {path!r} does not exist")
-    return p
 
 
 def load_set_examples(ref: DatasetRef | str, cfg: RunConfig) -> LoadReport:

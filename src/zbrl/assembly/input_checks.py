@@ -1,12 +1,17 @@
-"""Checks of the files a run or ``zbrl eval`` reads, made before anything is created or loaded:
-each failure is a RunError naming the field (or flag) and the fix. ``zbrl.launch.preflight``
-runs :func:`check_data_files` for training; ``zbrl eval`` runs :func:`check_eval_inputs`."""
+"""What a start checks or opens before anything is created: whether the packages a config asks
+for are installed, and the inputs of ``zbrl eval``, opened once (:func:`open_eval_inputs`). Each
+failure is a RunError naming the field (or flag) and the fix. What training opens before its run
+directory (model, tokenizer, dataset files) is kept in
+:class:`zbrl.assembly.artifacts.RunSources`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from zbrl.config import EMBEDDED, HELD_OUT, RunConfig
+from zbrl.assembly.datasets import DatasetRef, check_readable_file, eval_ref
+from zbrl.config import HELD_OUT, RunConfig
 from zbrl.errors import RunError
 
 
@@ -34,45 +39,21 @@ def check_backend_installed(cfg: RunConfig) -> None:
             )
 
 
-def check_data_files(cfg: RunConfig) -> None:
-    """The dataset files the run reads (``data.train_path``, file-valued ``eval.sets``) exist
-    and can be read, and ``data.source`` can give data. Every line is validated later, still
-    before the run directory, when the prompts are encoded."""
-    from zbrl.assembly.datasets import check_data_source
+@dataclass(frozen=True)
+class EvalInputs:
+    """What ``zbrl eval``'s pre-flight opened, for the evaluation to use."""
 
-    if cfg.data.source is None and not cfg.data.trains_on_embedded:
-        check_readable_file(cfg.data.train_path, "data.train_path")
-    for name, value in cfg.eval.sets.items():
-        if value not in (EMBEDDED, HELD_OUT):
-            check_readable_file(value, f"eval.sets.{name}")
-    check_data_source(cfg)
+    tokenizer: Any
+    """The model directory's tokenizer, with ``model.chat_template`` applied when set."""
+    sets: list[tuple[str, DatasetRef]]
+    """Each ``--data`` set's name and what it reads (a file, or the source's held-out split)."""
 
 
-def check_readable_file(path: str, field: str) -> None:
-    """A RunError naming ``field`` unless ``path`` is a file this process can read."""
-    p = Path(path).expanduser()
-    where = f"{field}={path!r}"
-    if not p.exists():
-        relative = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
-        raise RunError(
-            f"{where} does not exist{relative}; give the path of a conversation JSONL or "
-            "Parquet file (docs/datasets.md)"
-        )
-    if p.is_dir():
-        raise RunError(
-            f"{where} is a directory; give a conversation JSONL or Parquet file, or for a "
-            "Hugging Face dataset directory set data.source={type: hf, path: DIR}"
-        )
-    try:
-        with p.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        raise RunError(f"{where} cannot be read ({exc.strerror}); fix its permissions") from None
-
-
-def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> None:
-    """Pre-flight of ``zbrl eval``: the model directory holds a model and a tokenizer, the
-    backend's package is installed, the reward builds and every ``--data`` file can be read."""
+def open_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> EvalInputs:
+    """Pre-flight of ``zbrl eval``, the first half of its build: the model directory holds a
+    model and a tokenizer (loaded here, once), the backend's package is installed, the reward
+    builds and every ``--data`` file can be read."""
+    from zbrl.assembly.model_source import load_tokenizer
     from zbrl.assembly.rewards import check_reward
     from zbrl.models import lora
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir
@@ -93,6 +74,8 @@ def check_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str
     for name, path in data:
         if path != HELD_OUT:
             check_readable_file(path, f"--data {name}")
+    tokenizer = load_tokenizer(cfg, model_dir)  # every set is encoded before the model loads
+    return EvalInputs(tokenizer, [(name, eval_ref(cfg, path)) for name, path in data])
 
 
 def check_lora_checkpoint(adapter_dir: Path) -> None:

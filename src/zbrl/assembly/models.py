@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from zbrl.assembly.input_checks import check_backend_installed  # noqa: F401 (its old home)
 from zbrl.assembly.model_source import load_tokenizer
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig

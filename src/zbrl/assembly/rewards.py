@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zbrl.assembly.embedded import check_embedded_reward_model, embedded_reward_model_dir
 from zbrl.config import (
     EMBEDDED,
     CodeReward,
@@ -101,7 +102,7 @@ def _check_learned(cfg: RunConfig) -> None:
 
     assert isinstance(rw, (RewardModelReward, LlmJudgeReward))
     if rw.path == EMBEDDED:
-        _check_embedded_reward_model(cfg)
+        check_embedded_reward_model(cfg)
         return
     check_model_dir(_learned_dir(cfg, rw.path, "reward.path"), field="reward.path", spec=rw.path)
     if isinstance(rw, LlmJudgeReward):
@@ -111,42 +112,11 @@ def _check_learned(cfg: RunConfig) -> None:
         verdict_parser(rw.parser)
 
 
-def _check_embedded_reward_model(cfg: RunConfig) -> None:
-    from zbrl.errors import RunError
-
-    if not isinstance(cfg.reward, RewardModelReward):
-        raise RunError(
-            "reward.path: 'embedded' names the embedded reward model, which only "
-            "reward.type=reward_model has; give the judge's model directory or hub id"
-        )
-    if cfg.model.path != EMBEDDED or cfg.data.synthetic.task != "addition":
-        raise RunError(
-            "reward.path='embedded': the embedded reward model is trained on the embedded "
-            "policy's answers to the addition task (model.path=embedded, "
-            "data.synthetic.task=addition); give a reward model directory or hub id instead"
-        )
-
-
-def embedded_reward_model(cfg: RunConfig, *, verbose: bool = True) -> Any:
-    """The embedded reward model's directory, trained on the warm-started policy's sampled
-    answers and cached (:func:`zbrl.models.reward_model.ensure_reward_model`); the driver builds
-    it with the run's artifacts, the workers find it in the cache."""
-    from pathlib import Path
-
-    from zbrl.assembly.artifacts import embedded_policy_dir
-    from zbrl.models.reward_model import ensure_reward_model
-
-    _check_embedded_reward_model(cfg)
-    cache = Path(cfg.logging.cache_dir)
-    policy = embedded_policy_dir(cfg, cache, verbose=verbose)
-    return ensure_reward_model(cache, policy, seed=cfg.seed, verbose=verbose)
-
-
 def _learned_dir(cfg: RunConfig, spec: str, field: str) -> Any:
     from zbrl.models.sources import resolve
 
     if spec == EMBEDDED:
-        return embedded_reward_model(cfg, verbose=False)
+        return embedded_reward_model_dir(cfg, verbose=False)
     return resolve(spec, cfg.logging.cache_dir, field=field, verbose=False)
 
 

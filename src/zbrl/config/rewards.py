@@ -158,7 +158,7 @@ class RewardModelReward(LearnedRewardBase):
     """The reward model: a local model directory, a ``.gguf`` file, a pulled model's name or a
     Hugging Face Hub id (resolved as ``model.path`` is); ``embedded``: a tiny classifier trained
     (once, cached) on the embedded policy's sampled answers to the addition task
-    (``zbrl.models.reward_model``)."""
+    (``zbrl.embedded.reward_model``)."""
     tokenizer_path: str | None = None
     """Its tokenizer, when not in ``path``'s directory."""
     batch_size: int = Field(default=16, ge=1)

@@ -30,6 +30,6 @@ __all__ = [
     "resolve_system_prompt",
 ]
 
-# Imported on demand: the embedded arithmetic task (zbrl.data.synthetic, needed when
-# data.train_path or an eval set is "embedded"), Hugging Face datasets (zbrl.data.hf_source) and
-# reasoning-gym (zbrl.data.reasoning_gym_source), the sources of data.source.
+# Imported on demand: Hugging Face datasets (zbrl.data.hf_source) and reasoning-gym
+# (zbrl.data.reasoning_gym_source), the sources of data.source. The embedded tasks live in
+# zbrl.embedded.

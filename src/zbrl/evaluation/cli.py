@@ -42,10 +42,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from zbrl.assembly.datasets import encode_prompts, eval_ref
+    from zbrl.assembly.datasets import encode_prompts
     from zbrl.assembly.environments import build_episode_runner
-    from zbrl.assembly.input_checks import check_eval_inputs
-    from zbrl.assembly.models import build_backend, load_tokenizer
+    from zbrl.assembly.input_checks import open_eval_inputs
+    from zbrl.assembly.models import build_backend
     from zbrl.assembly.rewards import build_eval_reward_fn
     from zbrl.assembly.settings import eval_sampling_params
     from zbrl.evaluation.evaluator import EvalSet, evaluate_set
@@ -55,11 +55,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     cfg = load_config(args.recipe, eval_overrides(args))
     named = [_named(spec) for spec in args.data]
-    check_eval_inputs(cfg, model_dir, named)  # model, tokenizer, packages, reward, data files
-    tokenizer = load_tokenizer(cfg, model_dir)  # every set is encoded before the model loads
+    opened = open_eval_inputs(cfg, model_dir, named)  # model, tokenizer, packages, reward, data
+    limit = cfg.eval.max_prompts
     sets = [
-        (name, encode_prompts(eval_ref(cfg, path), cfg, tokenizer, limit=cfg.eval.max_prompts)[0])
-        for name, path in named
+        (name, encode_prompts(ref, cfg, opened.tokenizer, limit=limit)[0])
+        for name, ref in opened.sets
     ]
     backend = build_backend(cfg, model_dir, model_dir)
     reward = build_eval_reward_fn(cfg)

@@ -63,12 +63,12 @@ def run_training(
     in the background as soon as the pre-flight checks pass, while the inputs are prepared; a
     start that fails after that stops it again."""
     clock = clock or StartupClock(origin=time.time())
-    preflight(cfg)  # packages, reward, data files, addresses, GPUs, model and tokenizer
+    sources = preflight(cfg)  # packages, reward, data files, addresses, GPUs, model, tokenizer
     check_run_dir_of(cfg, resume, sibling_if_used)  # in use, or holding checkpoints
     clock.mark("preflight")
     ray_start = RayStart(lambda: start_ray(cfg), stop_ray)  # while the inputs are prepared
     try:
-        inputs = prepare_inputs(cfg, resume)  # a bad dataset line or an empty dataset fails here
+        inputs = prepare_inputs(cfg, resume, sources)  # a bad dataset line fails here
         clock.mark("inputs")
         with contextlib.ExitStack() as stack:
             from zbrl.launch.monitor import local_sinks, remote_sinks

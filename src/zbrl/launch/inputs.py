@@ -13,7 +13,7 @@ from zbrl.launch.steps import planned_steps, steps_notice
 from zbrl.training.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
-    from zbrl.assembly.artifacts import Artifacts
+    from zbrl.assembly.artifacts import Artifacts, RunSources
     from zbrl.launch.spawn import StartPoint
     from zbrl.types import EncodedPrompt
 
@@ -38,12 +38,14 @@ class RunInputs:
     """The checkpoint a resumed run continues from, else None."""
 
 
-def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None) -> RunInputs:
-    """Build or fetch the model, load and encode every dataset, count the steps."""
+def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None, sources: RunSources) -> RunInputs:
+    """The second half of the build: build or fetch the model, load and encode every dataset,
+    count the steps, from what the pre-flight opened (``sources``,
+    :func:`zbrl.launch.preflight.preflight`)."""
     from zbrl.assembly.artifacts import prepare_artifacts
 
-    artifacts = prepare_artifacts(cfg)  # transformers quietened where it is imported
-    train_prompts, eval_sets = encode_datasets(cfg, artifacts)
+    artifacts = prepare_artifacts(cfg, sources)  # transformers quietened where it is imported
+    train_prompts, eval_sets = encode_datasets(cfg, artifacts, sources.model.tokenizer)
     total_steps = planned_steps(cfg, len(train_prompts))
     if (notice := steps_notice(cfg, len(train_prompts))) is not None:
         print(notice, flush=True)
@@ -62,17 +64,19 @@ def start_point(
 
 
 def encode_datasets(
-    cfg: RunConfig, artifacts: Artifacts
+    cfg: RunConfig, artifacts: Artifacts, opened_tokenizer: Any = None
 ) -> tuple[list[EncodedPrompt], dict[str, list[EncodedPrompt]]]:
     """Every prompt of the training set and of each eval set, encoded with the chat template; a
     RunError or DatasetError naming the set when one cannot be. Prompts encoded by an earlier
     start from the same files and settings come from the cache
-    (:mod:`zbrl.assembly.prompt_cache`)."""
+    (:mod:`zbrl.assembly.prompt_cache`). ``opened_tokenizer``: the tokenizer the pre-flight
+    loaded (None: loaded here on first use)."""
     from zbrl.assembly import prompt_cache
 
     key = prompt_cache.cache_key(cfg, artifacts)
     cached = prompt_cache.load(cfg, key) if key is not None else None
-    tokenizer: list[Any] = []  # loaded on first use: not at all when every set is cached
+    # loaded on first use: not at all when every set is cached
+    tokenizer: list[Any] = [] if opened_tokenizer is None else [opened_tokenizer]
 
     def encoded(ref: Any, limit: int | None, field: str, hit: Any) -> Any:
         if hit is not None:

@@ -1,6 +1,8 @@
 """Pre-flight: every check a run's start makes before it creates anything (no run dir, no Ray,
-no worker, no model loaded for training). Each failure is a RunError (or ConfigError) that names
-the field and the fix, which the command line prints as one ``error: ...`` line.
+no worker, no model loaded for training), and the first half of its build: what it opens (the
+dataset files, the model and tokenizer) it returns for the build to use. Each failure is a
+RunError (or ConfigError) that names the field and the fix, which the command line prints as one
+``error: ...`` line.
 
 The config's own checks (zbrl.config.checks) ran when the config was loaded; these need the
 machine or the network: whether optional packages are installed (vLLM for
@@ -17,8 +19,10 @@ import os
 import socket
 import sys
 
-from zbrl.assembly.input_checks import check_backend_installed, check_data_files
-from zbrl.assembly.model_source import check_model_source
+from zbrl.assembly.artifacts import RunSources
+from zbrl.assembly.datasets import open_dataset_refs
+from zbrl.assembly.input_checks import check_backend_installed
+from zbrl.assembly.model_source import open_model_source
 from zbrl.config import RunConfig
 from zbrl.config.plugin import is_import_path
 from zbrl.config.transport import BroadcastSync
@@ -40,20 +44,23 @@ OPTIONAL_SOURCES = {
 """``data.source.type`` (and ``reward.type``) -> (package to import, pyproject extra)."""
 
 
-def preflight(cfg: RunConfig) -> None:
-    """Run every pre-flight check, cheapest first; the first failure raises. For the embedded
-    default these import neither torch nor Ray: the driver starts Ray right after them
-    (docs/performance.md, Start-up)."""
+def preflight(cfg: RunConfig) -> RunSources:
+    """Run every pre-flight check, cheapest first; the first failure raises. This is the first
+    half of the run's build: the dataset files, the model and the tokenizer are opened here and
+    returned, and the build (:func:`zbrl.assembly.artifacts.prepare_artifacts`) uses them
+    instead of opening them again. For the embedded default these import neither torch nor Ray:
+    the driver starts Ray right after them (docs/performance.md, Start-up)."""
     from zbrl.assembly.rewards import check_reward
 
     check_optional_packages(cfg)
     check_reward(cfg)  # a reward that cannot be built (ConfigError naming ``reward``)
     check_algorithm_imports(cfg)
-    check_data_files(cfg)
+    datasets = open_dataset_refs(cfg)  # the files exist and can be read; data.source gives data
     check_ray_address(cfg)
     check_broadcast_address(cfg)
     check_nccl_gpus(cfg)
-    check_model_source(cfg)  # model, tokenizer, chat template (a Hub id/GGUF is fetched here)
+    model = open_model_source(cfg)  # model, tokenizer, chat template (a Hub id/GGUF is fetched)
+    return RunSources(model, datasets)
 
 
 def check_optional_packages(cfg: RunConfig) -> None:

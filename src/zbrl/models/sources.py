@@ -3,7 +3,7 @@
 A value is, in this order:
 
 - ``embedded``: the tiny model built and warm-started locally (resolved elsewhere, see
-  :mod:`zbrl.models.warm_start`);
+  :mod:`zbrl.embedded.warm_start`);
 - an existing local path: a Hugging Face model directory, or a ``.gguf`` file (dequantized once
   into the cache, :mod:`zbrl.models.gguf_convert`);
 - a known model's short name (``smollm2-135m``): the directory ``zbrl models pull`` made
@@ -57,7 +57,9 @@ def resolve(spec: str, cache_dir: str | Path, *, field: str, verbose: bool = Tru
     up as its kind says; a RunError naming ``field`` when it cannot be had."""
     source = classify(spec)
     if source.kind == "embedded":
-        raise ValueError("the embedded model is built by zbrl.models.warm_start, not resolved here")
+        raise ValueError(
+            "the embedded model is built by zbrl.embedded.warm_start, not resolved here"
+        )
     if source.kind == "missing":
         raise RunError(missing_message(spec, field))
     if source.kind == "gguf":

@@ -17,7 +17,7 @@ It is an ``AutoModelForSequenceClassification`` like any other reward model (reg
 ``model_type: zbrl_likelihood_verifier``): ``from_pretrained`` loads it once this module is
 imported, which :class:`zbrl.rewards.reward_model.RewardModelScorer` does. It lives with the
 rewards, beside the loader that registers it, so that loading a reward model never reaches up into
-``models/``; the embedded build (:mod:`zbrl.models.reward_model`) fits one. The response is what
+``models/``; the embedded build (:mod:`zbrl.embedded.reward_model`) fits one. The response is what
 follows the last ``response_start_token_id`` (the chat template's assistant marker) among the
 non-pad tokens, up to and including the last one (the turn's end token: a response cut short
 makes it unlikely); a sequence without the marker is scored over all its tokens after the first.

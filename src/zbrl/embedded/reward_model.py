@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerBase
 
-from zbrl.models.tiny import save_model_dir
-from zbrl.models.tokenizer import EOS_TOKEN, ROLE_TOKENS
+from zbrl.embedded.tiny_model import save_model_dir
+from zbrl.embedded.tokenizer import EOS_TOKEN, ROLE_TOKENS
 
 
 def build_tiny_reward_model(
@@ -96,12 +96,12 @@ class RewardModelSettings:
     problem easy (no carry, say) cannot score by itself — only what separates right from wrong
     answers to one problem does; ``tokenwise``, the classifier's head is read at every response
     token and trained (logistic loss) to say whether the response so far is still on a right
-    path (:func:`zbrl.models.reward_model_data.prefix_labels`), on the sampled responses plus
+    path (:func:`zbrl.embedded.reward_model_data.prefix_labels`), on the sampled responses plus
     ``references`` reference completions and their corruptions; the score read at the last
     token is the response's."""
     references: int = 3000
     """Train-split problems whose reference completion and ``corruptions`` corrupted copies
-    (:mod:`zbrl.models.reward_model_data`) join the sampled responses (``tokenwise`` only)."""
+    (:mod:`zbrl.embedded.reward_model_data`) join the sampled responses (``tokenwise`` only)."""
     corruptions: int = 4
     """Corrupted completions per reference."""
     extra_layers: int = 2
@@ -174,7 +174,7 @@ def labelled_pairs(
 ) -> tuple[list[str], list[float]]:
     """Rendered (prompt, sampled response) texts and their 0/1 verifiable-reward labels (with
     ``counterfactuals``, also the answer-swapped copies, see :class:`RewardModelSettings`)."""
-    from zbrl.models.warm_start import generate_responses
+    from zbrl.embedded.probes import generate_responses
     from zbrl.rewards.base import RewardContext
     from zbrl.rewards.reward_model import render_pair
     from zbrl.rewards.think_answer import ThinkAnswerReward
@@ -264,14 +264,20 @@ def _backbone(s: RewardModelSettings, policy_dir: Path, policy: Any) -> Any:
         return policy
     from transformers import LlamaForCausalLM
 
-    from zbrl.models.warm_start import ensure_warm_start, read_warm_start_summary
+    from zbrl.embedded.warm_start import (
+        WarmStartSettings,
+        ensure_warm_start,
+        read_warm_start_summary,
+    )
+    from zbrl.embedded.warm_start_tasks import AdditionWarmStart
 
     warm = read_warm_start_summary(policy_dir)["settings"]
-    keep = ("seed", "batch_size", "lr", "warmup_steps", "n_train", "min_digits", "max_digits",
-            "hidden_size", "num_layers", "num_heads")  # fmt: skip
+    keep = ("seed", "batch_size", "lr", "warmup_steps", "n_train", "hidden_size", "num_layers",
+            "num_heads")  # fmt: skip
+    task = AdditionWarmStart(warm["min_digits"], warm["max_digits"], eval_size=0)
     longer = ensure_warm_start(
-        policy_dir.parent, **{k: warm[k] for k in keep}, steps=s.backbone_sft_steps,
-        stop_at_accuracy=None, eval_size=0,
+        policy_dir.parent, task, WarmStartSettings(
+            **{k: warm[k] for k in keep}, steps=s.backbone_sft_steps, stop_at_accuracy=None),
     )  # fmt: skip
     return LlamaForCausalLM.from_pretrained(longer, dtype=torch.float32)
 
@@ -279,7 +285,7 @@ def _backbone(s: RewardModelSettings, policy_dir: Path, policy: Any) -> Any:
 def _build(s: RewardModelSettings, policy_dir: Path, out_dir: Path, *, verbose: bool) -> dict:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from zbrl.data.synthetic import make_arithmetic_rows
+    from zbrl.embedded.addition_task import make_arithmetic_rows
 
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
@@ -410,8 +416,8 @@ def _train_tokenwise(
     """The ``tokenwise`` objective (see :class:`RewardModelSettings`)."""
     import random
 
-    from zbrl.data.synthetic import make_arithmetic_rows, reference_completion
-    from zbrl.models.reward_model_data import corruptions, first_deviation, is_right
+    from zbrl.embedded.addition_task import make_arithmetic_rows, reference_completion
+    from zbrl.embedded.reward_model_data import corruptions, first_deviation, is_right
     from zbrl.rewards.reward_model import render_pair
 
     rng = random.Random(s.seed)
@@ -459,7 +465,7 @@ def _response_of(text: str) -> str:
 def _token_batch(
     tokenizer: Any, items: list[tuple[str, int, int | None, float]], device: Any
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    from zbrl.models.reward_model_data import prefix_labels
+    from zbrl.embedded.reward_model_data import prefix_labels
 
     enc = tokenizer(
         [it[0] for it in items], return_tensors="pt", padding=True, add_special_tokens=False,
@@ -490,11 +496,11 @@ def _progress(step: int, steps: int, loss: torch.Tensor, started: float, verbose
 
 def _corruption_figures(model: Any, tokenizer: Any, rows: list[dict], seed: int) -> dict:
     """How often the reference completion of a held-out problem scores above each of its
-    corruptions (:mod:`zbrl.models.reward_model_data`; 6 per problem)."""
+    corruptions (:mod:`zbrl.embedded.reward_model_data`; 6 per problem)."""
     import random
 
-    from zbrl.data.synthetic import reference_completion
-    from zbrl.models.reward_model_data import corruptions
+    from zbrl.embedded.addition_task import reference_completion
+    from zbrl.embedded.reward_model_data import corruptions
     from zbrl.rewards.reward_model import render_pair
 
     rng = random.Random(seed + 1)

@@ -17,7 +17,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from zbrl.data.synthetic import parse_problem
+from zbrl.embedded.addition_task import parse_problem
 
 _WELL_FORMED = re.compile(r"<think>[^<]*</think><answer>([^<]*)</answer>")
 
@@ -38,10 +38,10 @@ def column_trace(
     misread: tuple[int, int, int] | None = None,
 ) -> tuple[str, str]:
     """(think steps, answer) of column addition right to left, as
-    :func:`zbrl.data.synthetic.think_steps` writes them, with optional mistakes: ``delta=(col,
-    d)`` adds ``d`` to one column's sum, ``drop_carry=col`` ignores the carry into a column,
-    ``misread=(col, operand, digit)`` reads one operand digit wrong. The carries and the answer
-    follow the (possibly wrong) sums."""
+    :func:`zbrl.embedded.addition_task.think_steps` writes them, with optional mistakes:
+    ``delta=(col, d)`` adds ``d`` to one column's sum, ``drop_carry=col`` ignores the carry into a
+    column, ``misread=(col, operand, digit)`` reads one operand digit wrong. The carries and the
+    answer follow the (possibly wrong) sums."""
     xs, ys = str(a)[::-1], str(b)[::-1]
     width = max(len(xs), len(ys))
     digits_x, digits_y = list(xs.ljust(width, "0")), list(ys.ljust(width, "0"))

@@ -4,7 +4,7 @@
 ``generation_config.json`` and the tokenizer files with ``save_pretrained``; the directory then
 loads with ``AutoModelForCausalLM.from_pretrained(dir)`` / ``AutoTokenizer.from_pretrained(dir)``
 exactly like a downloaded model. It is a Llama (not Qwen2) so that transformers 5 keeps the
-locally built tokenizer as is (see :mod:`zbrl.models.tokenizer`).
+locally built tokenizer as is (see :mod:`zbrl.embedded.tokenizer`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from zbrl.models.tokenizer import build_tokenizer
+from zbrl.embedded.tokenizer import build_tokenizer
 
 
 def build_tiny_model(
