@@ -345,9 +345,10 @@ def _env_metrics(groups, samples: int) -> dict[str, float]:
 
 
 def _episode_fields(group) -> dict[str, Any]:
-    """Multi-turn episodes in the rollout log: each response's turns (model turns trained,
-    environment turns not, with their tool calls) and the trained token count per response."""
-    if group.episodes is None:
+    """Turn records in the rollout log, for the groups that carry them (episodes with environment
+    turns): each response's turns (model turns trained, environment turns not, with their tool
+    calls) and the trained token count per response. A plain response's line stays as it is."""
+    if not group.episodes:
         return {}
     return {
         "turns": group.episodes,
