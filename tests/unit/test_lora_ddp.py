@@ -38,5 +38,10 @@ def test_lora_on_two_ddp_ranks_matches_one_process(tiny_model_dir, tmp_path):
             torch.testing.assert_close(got_step[name], want_step[name], atol=1e-6, rtol=0)
     assert got["weights"].keys() == want["weights"].keys()
     assert all(".lora_" in n for n in got["weights"])
+    # AdamW moves each element by lr * m / (sqrt(v) + eps): an element whose gradient is near
+    # eps (1e-8) turns the ranks' summation-order differences (the gradients above agree to
+    # ~2e-8) into weight differences of up to a small fraction of lr (1e-3): measured 1.06e-6
+    # with peft 0.21.2. A wrong normaliser shows in the gradients, checked at 1e-6 above; here
+    # 1e-5 (1% of lr) still catches an adapter stepped differently or not at all
     for name, tensor in want["weights"].items():
-        torch.testing.assert_close(got["weights"][name], tensor, atol=1e-6, rtol=0, msg=name)
+        torch.testing.assert_close(got["weights"][name], tensor, atol=1e-5, rtol=0, msg=name)
