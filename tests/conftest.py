@@ -45,6 +45,12 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+        # with pytest-xdist (`-n 2 --dist loadgroup`) a file's tests run on one worker, so its
+        # module-scoped fixtures (a distributed run, a trained model) are built once, and the
+        # tests that start a local Ray run one after another on one worker: two Ray clusters at
+        # once would each size themselves to the whole machine
+        group = "ray" if "integration" in item.keywords else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
