@@ -34,3 +34,25 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
         ),
         score_final_turn=env_cfg.score_final_turn,
     )
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """Pre-flight: the configured environment builds (a user environment's or tool's import path
+    and options), once, before anything is created; a RunError naming the field otherwise."""
+    if cfg.environment is None:
+        return
+    from zbrl.environments.build import build_environment
+
+    build_environment(cfg.environment)
+
+
+def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
+    """Pre-flight, once the run's tokenizer is loaded: its chat template renders an environment
+    message in ``environment.message_role`` after an assistant turn, and renders it by adding
+    text (prefix preservation), as every episode will need. A RunError naming the field and
+    the fix otherwise (without it the producers would fail after the run directory exists)."""
+    if cfg.environment is None:
+        return
+    from zbrl.rollout.turns import TurnFormatter
+
+    TurnFormatter(tokenizer, cfg.environment.message_role, eos_ids={tokenizer.eos_token_id})

@@ -33,6 +33,11 @@ def build_environment(cfg: Any) -> Environment:
         env = cls(**cfg.options)
     except TypeError as e:
         raise ConfigError(f"environment.options do not fit {cfg.type}: {e}") from None
+    except Exception as e:  # the user's class refused its options
+        raise ConfigError(
+            f"environment.options: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
+            "the options or the class"
+        ) from None
     if not callable(getattr(env, "start", None)):
         raise ConfigError(
             f"environment.type: {cfg.type} has no start(example) method (docs/environments.md)"
@@ -52,6 +57,11 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
         tool = cls(**cfg.options)
     except TypeError as e:
         raise ConfigError(f"environment.tools: options do not fit {cfg.type}: {e}") from None
+    except Exception as e:  # the user's class refused its options
+        raise ConfigError(
+            f"environment.tools: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
+            "the options or the class"
+        ) from None
     missing = [a for a in ("name", "tag", "argument", "call") if not hasattr(tool, a)]
     if missing:
         raise ConfigError(
