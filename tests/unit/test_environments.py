@@ -77,6 +77,8 @@ def user_module(tmp_path, monkeypatch):
 
             class Shout:
                 name, tag, argument = "shout", "shout", "text"
+                description = "Upper-cases the text."
+                parameters = {"type": "object", "properties": {"text": {"type": "string"}}}
 
                 def call(self, arguments):
                     return arguments["text"].upper()
@@ -110,7 +112,7 @@ def test_user_environment_and_tool_by_import_path(user_module):
         ({"type": "nowhere_mod:Env"}, "cannot import nowhere_mod:Env"),
         ({"type": "{m}:Guess", "options": {"colour": 1}}, "environment.options do not fit"),
         ({"type": "{m}:NotATool"}, "no start\\(example\\) method"),
-        ({"tools": [{"type": "{m}:NotATool"}]}, "lacks name, tag, argument, call"),
+        ({"tools": [{"type": "{m}:NotATool"}]}, "lacks name, description, parameters, tag"),
         ({"tools": ["calculator", {"type": "calculator"}]}, "two tools share a name"),
     ],
 )

@@ -47,10 +47,15 @@ def build_environment(cfg: Any) -> Environment:
 
 def build_tool(cfg: Any, timeout_s: float) -> Tool:
     if isinstance(cfg, CalculatorTool):
-        return Calculator(cfg.name, cfg.tag)
+        return Calculator(cfg.name, cfg.tag, cfg.description)
     if isinstance(cfg, PythonTool):
         return SandboxedPython(
-            cfg.name, cfg.tag, timeout_s=timeout_s, memory_mb=cfg.memory_mb, backend=cfg.backend
+            cfg.name,
+            cfg.tag,
+            description=cfg.description,
+            timeout_s=timeout_s,
+            memory_mb=cfg.memory_mb,
+            backend=cfg.backend,
         )
     cls = import_user_class(cfg.type, "environment.tools[].type")
     try:
@@ -62,13 +67,26 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
             f"environment.tools: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
             "the options or the class"
         ) from None
-    missing = [a for a in ("name", "tag", "argument", "call") if not hasattr(tool, a)]
+    if cfg.description is not None:
+        tool.description = cfg.description
+    missing = [a for a in TOOL_ATTRIBUTES if not hasattr(tool, a)]
     if missing:
         raise ConfigError(
-            f"environment.tools: {cfg.type} lacks {', '.join(missing)} (a tool has name, tag, "
-            "argument and call(arguments) -> str; docs/environments.md)"
+            f"environment.tools: {cfg.type} lacks {', '.join(missing)} (a tool has "
+            f"{', '.join(TOOL_ATTRIBUTES[:-1])} and call(arguments) -> str; "
+            "docs/environments.md)"
+        )
+    if not isinstance(tool.parameters, dict) or tool.parameters.get("type") != "object":
+        raise ConfigError(
+            f"environment.tools: {cfg.type}.parameters must be the JSON schema of the arguments "
+            'object ({"type": "object", "properties": {...}, "required": [...]}), not '
+            f"{tool.parameters!r}"
         )
     return tool
+
+
+TOOL_ATTRIBUTES = ("name", "description", "parameters", "tag", "argument", "call")
+"""What every tool has (:class:`zbrl.environments.tools.Tool`)."""
 
 
 def import_user_class(path: str, field: str) -> Any:
