@@ -49,6 +49,8 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
     if isinstance(cfg, CalculatorTool):
         return Calculator(cfg.name, cfg.tag, cfg.description)
     if isinstance(cfg, PythonTool):
+        if cfg.backend == "bwrap":
+            check_bwrap_works(cfg.name)
         return SandboxedPython(
             cfg.name,
             cfg.tag,
@@ -87,6 +89,20 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
 
 TOOL_ATTRIBUTES = ("name", "description", "parameters", "tag", "argument", "call")
 """What every tool has (:class:`zbrl.environments.tools.Tool`)."""
+
+
+def check_bwrap_works(tool_name: str) -> None:
+    """A python tool that asks for the ``bwrap`` backend where it does not work is refused when
+    it is built (at pre-flight), not answered with a counted error at every call."""
+    from zbrl.sandbox.bubblewrap import INSTALL_HINT, probe_bwrap
+
+    probe = probe_bwrap()
+    if not probe.works:
+        raise ConfigError(
+            f"environment.tools: the python tool {tool_name!r} has backend=bwrap, which does "
+            f"not work here ({probe.error}); set its backend to auto or rlimits, or "
+            f"{INSTALL_HINT} (docs/sandbox.md)"
+        )
 
 
 def import_user_class(path: str, field: str) -> Any:
