@@ -12,11 +12,13 @@ DEMO_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from zbrl.assembly.environments import check_environment
     from zbrl.assembly.rewards import check_reward
     from zbrl.config import load_config, resolved_yaml
 
     cfg = load_config(args.recipe, args.overrides)
     check_reward(cfg)
+    check_environment(cfg)
     sys.stdout.write(resolved_yaml(cfg))
     return 0
 
@@ -182,6 +184,22 @@ def _loaded(module: str, name: str) -> type[BaseException]:
     return getattr(loaded, name) if loaded is not None else _NotRaised
 
 
+USER_MODULE_COMMANDS = ("validate", "train", "demo", "resume", "eval")
+"""Commands that import a user's modules (rewards, environments, tools, algorithms) by path."""
+
+
+def working_dir_importable() -> None:
+    """The working directory first on ``sys.path``, as ``python -m`` puts it: a reward or
+    environment module next to the recipe imports by ``module:name`` (the console script's
+    own directory is the venv's ``bin/``). Ray gives the workers the driver's working directory
+    too."""
+    import os
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (a config, a path, a dataset line, a missing package)
     ends in one ``error: ...`` line and a non-zero exit (2 for the config, 1 otherwise), never a
@@ -192,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     _plain_zbrl_warnings()
+    if args.command in USER_MODULE_COMMANDS:
+        working_dir_importable()
     try:
         return args.func(args)
     except _loaded("zbrl.config.loader", "ConfigError") as exc:

@@ -3,6 +3,7 @@ default system message, ``<|im_end|>\\n`` between turns): the ids trained are, t
 ids generated and the tool messages' ids appended once; the model's own log-probs of the trained
 sequence are the ones it sampled with."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -173,3 +174,36 @@ def test_python_tool_recipe_validates_and_runs_two_steps(smollm2_dir, tmp_path):
     assert summary["steps"] == 2
     rollouts = (Path(summary["run_dir"]) / "rollouts.jsonl").read_text()
     assert '"turns"' in rollouts and '"trained_tokens"' in rollouts
+    # the model is told about its tool: SmolLM2's template renders no tools, so the python
+    # tool's name, description and call format are in the system prompt of every logged prompt
+    records = [json.loads(line) for line in rollouts.splitlines()]
+    prompts = [r["prompt"] for r in records if "prompt" in r]
+    assert prompts
+    for text in prompts:
+        assert SandboxedPython.DESCRIPTION in text and "- python:" in text
+        assert '<tool_call>{"name": "TOOL_NAME"' in text
+
+
+def test_smollm2_prompts_describe_each_tool(tokenizer, tmp_path):
+    """The prompts of a tools run on SmolLM2 (its template renders no tools) carry each tool's
+    description and the call format in the system message, after the recipe's own prompt."""
+    from zbrl.assembly.datasets import encode_prompts
+
+    data = tmp_path / "q.jsonl"
+    question = {"messages": [{"role": "user", "content": "What is 123*456?"}], "gt_answer": "1"}
+    data.write_text(json.dumps(question) + "\n")
+    cfg = load_config(
+        str(REPO / "recipes" / "smollm2_python_tool_cpu.yaml"),
+        [
+            "data.source=null",
+            f"data.train_path={data}",
+            "eval.sets={}",
+            "reward={type: last_number}",
+            "environment.tools=[calculator, {type: python}]",
+        ],
+    )
+    (p,), _ = encode_prompts(str(data), cfg, tokenizer)
+    text = tokenizer.decode(p.prompt_ids)
+    assert text.startswith("<|im_start|>system\nEnd with only the final number.\n\nYou can call")
+    assert Calculator.DESCRIPTION in text and SandboxedPython.DESCRIPTION in text
+    assert text.endswith("<|im_start|>user\nWhat is 123*456?<|im_end|>\n<|im_start|>assistant\n")

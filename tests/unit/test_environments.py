@@ -77,6 +77,8 @@ def user_module(tmp_path, monkeypatch):
 
             class Shout:
                 name, tag, argument = "shout", "shout", "text"
+                description = "Upper-cases the text."
+                parameters = {"type": "object", "properties": {"text": {"type": "string"}}}
 
                 def call(self, arguments):
                     return arguments["text"].upper()
@@ -110,7 +112,7 @@ def test_user_environment_and_tool_by_import_path(user_module):
         ({"type": "nowhere_mod:Env"}, "cannot import nowhere_mod:Env"),
         ({"type": "{m}:Guess", "options": {"colour": 1}}, "environment.options do not fit"),
         ({"type": "{m}:NotATool"}, "no start\\(example\\) method"),
-        ({"tools": [{"type": "{m}:NotATool"}]}, "lacks name, tag, argument, call"),
+        ({"tools": [{"type": "{m}:NotATool"}]}, "lacks name, description, parameters, tag"),
         ({"tools": ["calculator", {"type": "calculator"}]}, "two tools share a name"),
     ],
 )
@@ -268,3 +270,14 @@ def test_the_documented_custom_tool_runs(tmp_path, monkeypatch):
     turn = env.start({}).step("<words>one two three</words><calc>2+2</calc>")
     assert turn.message == "3\n4" and turn.counts == {"tool_calls": 2}
     sys.modules.pop("my_tools_doc", None)
+
+
+def test_a_python_tool_asking_for_bwrap_where_it_does_not_work_is_refused_when_built(monkeypatch):
+    import zbrl.sandbox.bubblewrap as bubblewrap
+
+    broken = bubblewrap.BwrapProbe(path=None, error="bwrap is not installed")
+    monkeypatch.setattr(bubblewrap, "probe_bwrap", lambda: broken)
+    with pytest.raises(RunError, match=r"python tool 'python' has backend=bwrap.*not installed"):
+        build_environment(cfg({"tools": [{"type": "python", "backend": "bwrap"}]}).environment)
+    env = build_environment(cfg({"tools": [{"type": "python", "backend": "auto"}]}).environment)
+    assert env.tools["python"].backend == "auto"  # auto falls back when it runs, as the reward does

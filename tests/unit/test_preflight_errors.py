@@ -118,6 +118,39 @@ def _system_rejecting_template(tmp_path, tiny_model_dir):
     return f"model.chat_template={template}"
 
 
+def _non_prefix_template(tmp_path, tiny_model_dir):
+    """A template that hides an earlier assistant turn once another message follows."""
+    template = tmp_path / "hides-history.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}[earlier]"
+        "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return f"model.chat_template={template}"
+
+
+def _not_gguf(tmp_path, tiny_model_dir):
+    (tmp_path / "model.gguf").write_text("<html>404 not found</html>")
+    return f"model.path={tmp_path / 'model.gguf'}"
+
+
+def _malformed_hf_file(tmp_path, tiny_model_dir):
+    (tmp_path / "hf.jsonl").write_text('{"messages": [\n')
+    return f"data.source={{type: hf, path: {tmp_path / 'hf.jsonl'}}}"
+
+
+def _extra_reward_model_not_a_model(tmp_path, tiny_model_dir):
+    extra = "{type: reward_model, weight: 0.5, options: {path: %s}}" % (tmp_path / "none")
+    return f"reward.extra=[{extra}]"
+
+
+def _extra_reward_model_without_weights(tmp_path, tiny_model_dir):
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "rm" / "config.json").write_text("{}")
+    extra = "{type: reward_model, weight: 0.5, options: {path: %s}}" % (tmp_path / "rm")
+    return f"reward.extra=[{extra}]"
+
+
 BAD_STARTS = {
     "missing train file": (
         lambda t, m: "data.train_path=/nonexistent/train.jsonl",
@@ -140,6 +173,59 @@ BAD_STARTS = {
         "pip install 'zbrl[tensorboard]'",
     ),
     "reward that does not import": (lambda t, m: "reward.type=nowhere.module:fn", "nowhere"),
+    "environment that does not import": (
+        lambda t, m: "environment={type: nowhere.envs:Env}",
+        "environment.type: cannot import nowhere.envs:Env",
+    ),
+    "environment options that do not fit": (
+        lambda t, m: (
+            "environment={type: zbrl.environments.tool_env:ToolEnvironment, options: {colour: red}}"
+        ),
+        "environment.options do not fit",
+    ),
+    "tool that does not import": (
+        lambda t, m: "environment={type: tools, tools: [{type: nowhere.tools:Tool}]}",
+        "environment.tools[].type: cannot import nowhere.tools:Tool",
+    ),
+    "tool options that do not fit": (
+        lambda t, m: (
+            "environment={type: tools, tools: [{type: "
+            "zbrl.environments.tools:Calculator, options: {colour: red}}]}"
+        ),
+        "environment.tools: options do not fit",
+    ),
+    "message role the template refuses": (
+        lambda t, m: "environment=tools",
+        "set environment.message_role to a role it knows",
+    ),
+    "template that is not prefix-preserving": (
+        lambda t, m: [_non_prefix_template(t, m), "environment={type: tools, message_role: user}"],
+        "not prefix-preserving",
+    ),
+    "lora targets that match nothing": (
+        lambda t, m: "model.lora={target_modules: [nowhere_proj]}",
+        "model.lora.target_modules=['nowhere_proj'] matches no linear layer",
+    ),
+    "chat template path without .jinja": (
+        lambda t, m: f"model.chat_template={t / 'template.txt'}",
+        "template.txt': no such file",
+    ),
+    "extra reward model that is not a model": (
+        _extra_reward_model_not_a_model,
+        "reward.extra[0].options.path=",
+    ),
+    "extra reward model without weights": (
+        _extra_reward_model_without_weights,
+        "no weights",
+    ),
+    "malformed hf data file": (
+        lambda t, m: [_malformed_hf_file(t, m), "data.train_path=embedded", "eval.sets={}"],
+        "the data cannot be read",
+    ),
+    "gguf that is not gguf": (
+        _not_gguf,
+        "is not a GGUF file",
+    ),
 }
 
 
@@ -165,7 +251,8 @@ def test_a_failed_start_is_one_error_line_and_creates_no_run_dir(
 ):
     (tmp_path / "bad.jsonl").write_text('{"messages": "not a list"}\n')
     override, needle = BAD_STARTS[case]
-    rc = start(override(tmp_path, tiny_model_dir))
+    overrides = override(tmp_path, tiny_model_dir)
+    rc = start(*([overrides] if isinstance(overrides, str) else overrides))
     assert rc != 0
     err = error_line(capsys)
     assert needle in err
@@ -342,3 +429,42 @@ def test_a_user_algorithm_that_does_not_import_fails_before_the_run_dir(start, c
 def test_a_sandbox_below_the_interpreters_memory_is_refused_by_the_config() -> None:
     with pytest.raises(ConfigError, match=r"reward.sandbox.memory_mb.*at least 64"):
         load_config(DEMO, ["reward.type=code", "reward.sandbox.memory_mb=32"])
+
+
+def test_validate_imports_a_reward_and_environment_next_to_the_recipe(tmp_path):
+    """``zbrl validate`` from the recipe's directory imports the user's modules there, as
+    ``python -m`` would: the entry script lives elsewhere (like the console script in the venv's
+    ``bin/``), so only the working directory can make them importable."""
+    work, bin_dir = tmp_path / "work", tmp_path / "bin"
+    work.mkdir()
+    bin_dir.mkdir()
+    (work / "my_reward.py").write_text(
+        "def score(response, example, ctx):\n    return 1.0 if '4' in response else 0.0\n"
+    )
+    (work / "my_env.py").write_text(
+        "class Env:\n"
+        "    def __init__(self, turns=1):\n"
+        "        self.turns = turns\n"
+        "    def start(self, example):\n"
+        "        raise NotImplementedError\n"
+    )
+    shutil.copy(DEMO, work / "recipe.yaml")
+    entry = bin_dir / "zbrl"
+    entry.write_text("import sys\nfrom zbrl.cli import main\nsys.exit(main())\n")
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(entry),
+            "validate",
+            "recipe.yaml",
+            "reward.type=my_reward:score",
+            "environment={type: my_env:Env, message_role: user, options: {turns: 2}}",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "type: my_reward:score" in out.stdout and "type: my_env:Env" in out.stdout

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from zbrl.assembly.environments import episode_tool_prompt
 from zbrl.assembly.rewards import answer_spec, default_system_prompt
 from zbrl.config import (
     EMBEDDED,
@@ -197,11 +198,14 @@ def encode_prompts(
 
     report = load_set_examples(path, cfg)
     examples = report.examples[:limit] if limit else report.examples
+    told = episode_tool_prompt(cfg, tokenizer)
     encoder = PromptEncoder(
         tokenizer,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         overlong=cfg.data.overlong_prompt,
         system_prompt=resolve_system_prompt(cfg.data.system_prompt, default_system_prompt(cfg)),
+        tools=told.tools if told is not None else None,
+        tool_section=told.system_section if told is not None else None,
     )
     encoded, stats = encoder.encode_all(examples)
     stats["skipped_lines"] = report.num_skipped

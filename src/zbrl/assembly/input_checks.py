@@ -52,7 +52,9 @@ class EvalInputs:
 def open_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> EvalInputs:
     """Pre-flight of ``zbrl eval``, the first half of its build: the model directory holds a
     model and a tokenizer (loaded here, once), the backend's package is installed, the reward
-    builds and every ``--data`` file can be read."""
+    and the environment build (the chat template renders the environment's messages) and every
+    ``--data`` file can be read."""
+    from zbrl.assembly.environments import check_environment, check_episode_template
     from zbrl.assembly.model_source import load_tokenizer
     from zbrl.assembly.rewards import check_reward
     from zbrl.models import lora
@@ -71,10 +73,12 @@ def open_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]
     check_tokenizer_dir(model_dir, field="--model", spec=str(model_dir))
     check_backend_installed(cfg)
     check_reward(cfg)
+    check_environment(cfg)
     for name, path in data:
         if path != HELD_OUT:
             check_readable_file(path, f"--data {name}")
     tokenizer = load_tokenizer(cfg, model_dir)  # every set is encoded before the model loads
+    check_episode_template(cfg, tokenizer)
     return EvalInputs(tokenizer, [(name, eval_ref(cfg, path)) for name, path in data])
 
 

@@ -39,10 +39,13 @@ WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h
 """Files of a tokenizer directory left out of the key: a model's weights, never read to encode."""
 CODE = (
     "assembly/datasets.py",
+    "assembly/environments.py",
     "assembly/prompt_cache.py",
     "assembly/model_source.py",
     "data/dataset.py",
     "data/prompts.py",
+    "environments/tool_prompt.py",
+    "environments/tools.py",
     "models/chat_template.py",
     "rewards/answers.py",
 )

@@ -54,12 +54,14 @@ def check_reward(cfg: RunConfig) -> None:
     as a :class:`~zbrl.config.ConfigError` naming ``reward``."""
     rw = cfg.reward
     try:
+        _check_extra_models(rw.extra)
         if isinstance(rw, LearnedRewardBase):
             _check_learned(cfg)
             if rw.extra:
                 build_reward_fn(cfg.model_copy(update={"reward": _verifiable_stand_in(rw)}))
         else:
-            build_reward_fn(cfg)
+            built = rw.model_copy(update={"extra": _built_extras(rw.extra)})
+            build_reward_fn(cfg.model_copy(update={"reward": built}))
     except (ImportError, KeyError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise ConfigError(f"reward: {message}") from exc
@@ -77,7 +79,53 @@ def build_eval_reward_fn(cfg: RunConfig) -> RewardFunction:
 def _verifiable_stand_in(rw: LearnedRewardBase) -> Any:
     from zbrl.config import ThinkAnswerTagsReward
 
-    return ThinkAnswerTagsReward(extra=rw.extra)
+    return ThinkAnswerTagsReward(extra=_built_extras(rw.extra))
+
+
+MODEL_EXTRAS = ("reward_model",)
+"""Extra rewards that load a model when built: the pre-flight checks their ``path`` and options
+(:func:`_check_extra_models`) instead of loading it."""
+
+
+def _built_extras(extra: list[Any]) -> list[Any]:
+    """The extra rewards the pre-flight builds: all but those that load a model."""
+    return [e for e in extra if e.type not in MODEL_EXTRAS]
+
+
+def _check_extra_models(extra: list[Any]) -> None:
+    """An extra reward model's options fit it and its ``path`` is a local model directory with
+    a tokenizer (a RunError naming ``reward.extra[i].options.path`` otherwise), without loading
+    it."""
+    import inspect
+    from pathlib import Path
+
+    from zbrl.errors import RunError
+    from zbrl.models.sources import check_model_dir, check_tokenizer_dir
+
+    for i, e in enumerate(extra):
+        if e.type not in MODEL_EXTRAS:
+            continue
+        signature = inspect.signature(lookup_reward(e.type))
+        try:
+            signature.bind(**e.options)
+        except TypeError as exc:
+            accepted = [p.name for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+            raise TypeError(
+                f"extra[{i}]: reward {e.type!r} cannot take options {sorted(e.options)}: {exc}; "
+                f"it accepts: {', '.join(accepted)}"
+            ) from None
+        for name in [n for n in ("path", "tokenizer_path") if e.options.get(n) is not None]:
+            spec = e.options[name]
+            field, directory = f"reward.extra[{i}].options.{name}", Path(str(spec)).expanduser()
+            if not directory.exists():
+                raise RunError(
+                    f"{field}={spec!r} does not exist; an extra reward model loads from a local "
+                    "model directory (config.json, weights and tokenizer files)"
+                )
+            if name == "path":
+                check_model_dir(directory, field=field, spec=str(spec))
+            if name == "tokenizer_path" or "tokenizer_path" not in e.options:
+                check_tokenizer_dir(directory, field=field, spec=str(spec))
 
 
 def _check_learned(cfg: RunConfig) -> None:

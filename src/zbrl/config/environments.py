@@ -41,6 +41,8 @@ class CalculatorTool(Section):
     ``expression``)."""
     tag: str = Field(default="calc", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """Tag of the ``tags`` format: ``<calc>12*34</calc>``."""
+    description: str | None = Field(default=None, min_length=1)
+    """What the model is told the tool does; None: the built-in description."""
 
 
 class PythonTool(Section):
@@ -53,6 +55,8 @@ class PythonTool(Section):
     """Name the model calls it by (``hermes``: the argument is ``code``)."""
     tag: str = Field(default="python", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """Tag of the ``tags`` format: ``<python>print(1)</python>``."""
+    description: str | None = Field(default=None, min_length=1)
+    """What the model is told the tool does; None: the built-in description."""
     memory_mb: int = Field(default=512, ge=64)
     """Address-space limit of the program."""
     backend: Literal["auto", "bwrap", "rlimits"] = "auto"
@@ -60,13 +64,16 @@ class PythonTool(Section):
 
 
 class UserTool(Section):
-    """A tool class by import path: ``Class(**options)`` with ``name``, ``tag`` and
+    """A tool class by import path: ``Class(**options)`` with ``name``, ``description``,
+    ``parameters`` (the JSON schema of its arguments), ``tag``, ``argument`` and
     ``call(arguments: dict) -> str`` (docs/environments.md)."""
 
     type: str
     """``package.module:ToolClass``."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options passed to the class."""
+    description: str | None = Field(default=None, min_length=1)
+    """What the model is told the tool does; None: the class's own ``description``."""
 
     _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
 
@@ -108,6 +115,12 @@ class ToolsEnvironment(EnvironmentBase):
     stop_after_call: bool = False
     """End a model turn as soon as it closes a call (the closing tag becomes a stop string);
     False: the turn ends at EOS as usual."""
+    describe_tools: bool = True
+    """Tell the model about its tools in every prompt: each tool's name, description and
+    argument schema go to the chat template as ``tools=`` when it renders them (``hermes``
+    only, e.g. Qwen2.5's template), else into a section of the system prompt that also shows
+    the ``call_format`` (docs/environments.md, What the model is told). False: the prompts say
+    nothing about the tools (the data or ``data.system_prompt`` must)."""
 
     @field_validator("tools", mode="before")
     @classmethod

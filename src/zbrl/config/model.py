@@ -69,8 +69,9 @@ class ModelConfig(Section):
     """The tokenizer's source when it differs from ``path``, in any of ``path``'s forms but
     ``embedded``; None uses ``path``."""
     chat_template: str | None = None
-    """A Jinja chat template replacing the tokenizer's own: the template text, or the path of a
-    ``.jinja`` file. None keeps the tokenizer's template; a tokenizer without one is refused."""
+    """A Jinja chat template replacing the tokenizer's own: the template text (it holds ``{{`` or
+    ``{%``), or else the path of a template file (any suffix; one that does not exist is
+    refused). None keeps the tokenizer's template; a tokenizer without one is refused."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype: the training forward/backward passes (autocast, or FSDP2's mixed-precision
     policy), the frozen reference, and, unless ``rollout.inference_dtype`` says otherwise, the

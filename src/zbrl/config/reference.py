@@ -28,8 +28,25 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and not typing.get_args(annotation):
         return annotation.__name__
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union and type(None) in args:
+        rest = [a for a in args if a is not type(None)]  # Optional[X] reads as X | None
+        return " | ".join(_type_name(a) for a in rest) + " | None"
     text = str(annotation).replace("typing.", "")
     return text.replace("NoneType", "None")
+
+
+def _yaml_value(value: Any) -> Any:
+    """A default as a recipe would write it: a section as its fields (a plug-in's as
+    ``{type: x}``), lists and dicts element by element."""
+    if isinstance(value, BaseModel):
+        variant = getattr(value, "type", None)
+        return {"type": variant} if isinstance(variant, str) else value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_yaml_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _yaml_value(v) for k, v in value.items()}
+    return value
 
 
 def _default(field: Any) -> str:
@@ -39,10 +56,9 @@ def _default(field: Any) -> str:
         value = field.default_factory()
     else:
         return "required"
-    if isinstance(value, BaseModel):
-        variant = getattr(value, "type", None)
-        return json.dumps({"type": variant}) if isinstance(variant, str) else "(section)"
-    return json.dumps(value, default=str)
+    if isinstance(value, BaseModel) and not isinstance(getattr(value, "type", None), str):
+        return "(section)"
+    return json.dumps(_yaml_value(value), default=str)
 
 
 def _is_list(annotation: Any) -> bool:
@@ -72,7 +88,8 @@ def _rows(model: type[BaseModel], prefix: str, note: str = "") -> list[tuple[str
             kinds = " or ".join(m.__name__ for m in nested)
             rows.append((path, f"list of {kinds}", _default(field), doc))
             for m in nested:
-                rows += _rows(m, path + "[].")
+                marker = f"(type `{_tag(m)}`) " if len(nested) > 1 else ""
+                rows += _rows(m, path + "[].", note=marker)
         elif len(nested) == 1:
             optional = _is_optional(field.annotation)
             kind = nested[0].__name__ + (" or None (optional section)" if optional else "")
@@ -99,7 +116,8 @@ def markdown_reference() -> str:
         "`section.field=value` (values parse as YAML). A plug-in section (one of several `type`s)",
         "is tuned field by field too: a row marked (type `x`) applies when the section's `type`",
         "is `x` (`rollout.backend.type=vllm rollout.backend.max_model_len=4096`); the recipe's",
-        "type is kept, else the first one listed is the default. A list of sections (`a[].b`) is",
+        "type is kept, else the section's default (its `default` column) gives it; a section",
+        "without a default (`data.source`) needs its `type` set. A list of sections (`a[].b`) is",
         "set whole, as a YAML list (`reward.extra=[{type: boxed, weight: 0.5}]`).",
         "`zbrl validate RECIPE` prints the resolved config. Presets (`algorithm.preset`) fill the",
         "fields they name unless you set them.",

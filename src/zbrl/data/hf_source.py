@@ -15,9 +15,11 @@ hub is not probed and ``datasets`` reads its cache.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -168,7 +170,8 @@ def _load(target: str, where: str, path: str, **kwargs: Any) -> Any:
     import datasets
 
     try:
-        return datasets.load_dataset(target, **kwargs)
+        with _quiet_on_failure(datasets):
+            return datasets.load_dataset(target, **kwargs)
     except ConnectionError as exc:
         hint = fetch_hint(path, kwargs.get("name"))
         raise RunError(f"{where}.path={path!r}: {exc}. {hint}") from None
@@ -178,6 +181,33 @@ def _load(target: str, where: str, path: str, **kwargs: Any) -> Any:
         raise DatasetError(
             f"{where}.path={path!r}: {exc}. Fix: check the path or the dataset name", path=path
         ) from None
+    except datasets.exceptions.DatasetGenerationError as exc:  # a data file that does not parse
+        cause = exc.__cause__ or exc
+        reason = " ".join(f"{type(cause).__name__}: {cause}".split())  # one line
+        raise DatasetError(
+            f"{where}.path={path!r}: the data cannot be read ({reason}). Fix: repair the file "
+            "(one JSON object per line for .jsonl) or point path at another",
+            path=path,
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_on_failure(datasets: Any) -> Iterator[None]:
+    """``datasets`` logs a file's parse failure (and draws its progress bar) on stderr before it
+    raises; the error line the command prints says it once. Logging and progress bars are back
+    as they were after."""
+    from datasets.utils import logging as ds_logging
+
+    verbosity = ds_logging.get_verbosity()
+    bars_were_on = not datasets.utils.are_progress_bars_disabled()
+    ds_logging.set_verbosity(logging.CRITICAL)
+    datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(verbosity)
+        if bars_were_on:
+            datasets.utils.enable_progress_bars()
 
 
 def hub_offline_mode() -> bool:

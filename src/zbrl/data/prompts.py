@@ -43,17 +43,26 @@ def _messages_of(example: PromptExample | Mapping[str, Any]) -> Sequence[Mapping
 
 
 def build_messages(
-    example: PromptExample | Mapping[str, Any], system_prompt: str | None
+    example: PromptExample | Mapping[str, Any],
+    system_prompt: str | None,
+    tool_section: str | None = None,
 ) -> list[dict[str, str]]:
     """The conversation to template: the example's messages, with ``system_prompt`` first.
 
     The system prompt is not added when it is None or blank, or when the example already has a
-    system message (the example's own system message wins). Returns fresh dicts.
+    system message (the example's own system message wins). ``tool_section`` (the tools the
+    model may call, for a template that does not render tools) ends the first system message,
+    or is one when there is none. Returns fresh dicts.
     """
     messages = [dict(m) for m in _messages_of(example)]
     has_system = any(m["role"] == "system" for m in messages)
     if system_prompt is not None and system_prompt.strip() and not has_system:
         messages.insert(0, {"role": "system", "content": system_prompt})
+    if tool_section:
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{tool_section}"
+        else:
+            messages.insert(0, {"role": "system", "content": tool_section})
     return messages
 
 
@@ -98,6 +107,8 @@ class PromptEncoder:
         max_prompt_tokens: int,
         overlong: Overlong = "drop",
         system_prompt: str | None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_section: str | None = None,
     ) -> None:
         if isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int):
             raise TypeError(f"max_prompt_tokens must be an int, got {max_prompt_tokens!r}")
@@ -116,6 +127,11 @@ class PromptEncoder:
         self.max_prompt_tokens = max_prompt_tokens
         self.overlong: Overlong = overlong
         self.system_prompt = system_prompt
+        self.tools = tools
+        """Tool schemas passed to the chat template as ``tools=`` (a template that renders
+        them); None passes none."""
+        self.tool_section = tool_section
+        """The tools described in the system prompt (a template that does not render them)."""
         self.dropped = 0
         """Prompts dropped for being longer than ``max_prompt_tokens``."""
         self.truncated = 0
@@ -123,9 +139,10 @@ class PromptEncoder:
 
     def token_ids(self, example: PromptExample | Mapping[str, Any]) -> list[int]:
         """The full templated prompt ids (with the generation prompt), before the budget."""
-        messages = build_messages(example, self.system_prompt)
+        messages = build_messages(example, self.system_prompt, self.tool_section)
+        extra = {} if self.tools is None else {"tools": self.tools}
         output = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
+            messages, add_generation_prompt=True, tokenize=True, **extra
         )
         return as_token_ids(output)
 

@@ -33,6 +33,11 @@ def build_environment(cfg: Any) -> Environment:
         env = cls(**cfg.options)
     except TypeError as e:
         raise ConfigError(f"environment.options do not fit {cfg.type}: {e}") from None
+    except Exception as e:  # the user's class refused its options
+        raise ConfigError(
+            f"environment.options: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
+            "the options or the class"
+        ) from None
     if not callable(getattr(env, "start", None)):
         raise ConfigError(
             f"environment.type: {cfg.type} has no start(example) method (docs/environments.md)"
@@ -42,23 +47,62 @@ def build_environment(cfg: Any) -> Environment:
 
 def build_tool(cfg: Any, timeout_s: float) -> Tool:
     if isinstance(cfg, CalculatorTool):
-        return Calculator(cfg.name, cfg.tag)
+        return Calculator(cfg.name, cfg.tag, cfg.description)
     if isinstance(cfg, PythonTool):
+        if cfg.backend == "bwrap":
+            check_bwrap_works(cfg.name)
         return SandboxedPython(
-            cfg.name, cfg.tag, timeout_s=timeout_s, memory_mb=cfg.memory_mb, backend=cfg.backend
+            cfg.name,
+            cfg.tag,
+            description=cfg.description,
+            timeout_s=timeout_s,
+            memory_mb=cfg.memory_mb,
+            backend=cfg.backend,
         )
     cls = import_user_class(cfg.type, "environment.tools[].type")
     try:
         tool = cls(**cfg.options)
     except TypeError as e:
         raise ConfigError(f"environment.tools: options do not fit {cfg.type}: {e}") from None
-    missing = [a for a in ("name", "tag", "argument", "call") if not hasattr(tool, a)]
+    except Exception as e:  # the user's class refused its options
+        raise ConfigError(
+            f"environment.tools: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
+            "the options or the class"
+        ) from None
+    if cfg.description is not None:
+        tool.description = cfg.description
+    missing = [a for a in TOOL_ATTRIBUTES if not hasattr(tool, a)]
     if missing:
         raise ConfigError(
-            f"environment.tools: {cfg.type} lacks {', '.join(missing)} (a tool has name, tag, "
-            "argument and call(arguments) -> str; docs/environments.md)"
+            f"environment.tools: {cfg.type} lacks {', '.join(missing)} (a tool has "
+            f"{', '.join(TOOL_ATTRIBUTES[:-1])} and call(arguments) -> str; "
+            "docs/environments.md)"
+        )
+    if not isinstance(tool.parameters, dict) or tool.parameters.get("type") != "object":
+        raise ConfigError(
+            f"environment.tools: {cfg.type}.parameters must be the JSON schema of the arguments "
+            'object ({"type": "object", "properties": {...}, "required": [...]}), not '
+            f"{tool.parameters!r}"
         )
     return tool
+
+
+TOOL_ATTRIBUTES = ("name", "description", "parameters", "tag", "argument", "call")
+"""What every tool has (:class:`zbrl.environments.tools.Tool`)."""
+
+
+def check_bwrap_works(tool_name: str) -> None:
+    """A python tool that asks for the ``bwrap`` backend where it does not work is refused when
+    it is built (at pre-flight), not answered with a counted error at every call."""
+    from zbrl.sandbox.bubblewrap import INSTALL_HINT, probe_bwrap
+
+    probe = probe_bwrap()
+    if not probe.works:
+        raise ConfigError(
+            f"environment.tools: the python tool {tool_name!r} has backend=bwrap, which does "
+            f"not work here ({probe.error}); set its backend to auto or rlimits, or "
+            f"{INSTALL_HINT} (docs/sandbox.md)"
+        )
 
 
 def import_user_class(path: str, field: str) -> Any:

@@ -1,8 +1,11 @@
 """Tools a model calls in an episode: the protocol, the built-ins (calculator, sandboxed Python)
 and the one place a call runs, under a deadline, with every failure turned into a message.
 
-A tool is any object with ``name`` (what ``hermes`` calls name), ``tag`` (the ``tags`` format's
-tag), ``argument`` (the argument the ``tags`` format's body fills) and ``call(arguments) -> str``.
+A tool is any object with ``name`` (what ``hermes`` calls name), ``description`` (what the model
+is told it does), ``parameters`` (the JSON schema of its arguments object), ``tag`` (the ``tags``
+format's tag), ``argument`` (the argument the ``tags`` format's body fills) and
+``call(arguments) -> str``. Name, description and parameters are what the model is told about
+the tool (:mod:`zbrl.environments.tool_prompt`).
 A tool reports a failure the model should see by raising :class:`ToolError`; any other exception
 is a crash, a call past the deadline a timeout — all three are answered with an error message
 and counted, never raised into the producer. A tool with ``thread_safe = True`` (both built-ins)
@@ -27,6 +30,12 @@ class ToolError(Exception):
 
 class Tool(Protocol):
     name: str
+    """What the model calls it by."""
+    description: str
+    """What the tool does, as the model is told (one or two sentences)."""
+    parameters: dict[str, Any]
+    """JSON schema of the arguments object (``{"type": "object", "properties": {...},
+    "required": [...]}``), as chat templates with tools expect it."""
     tag: str
     argument: str
 
@@ -35,14 +44,31 @@ class Tool(Protocol):
         ...
 
 
+def string_parameter(name: str, description: str) -> dict[str, Any]:
+    """The JSON schema of an arguments object with one required string ``name``."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": description}},
+        "required": [name],
+    }
+
+
 class Calculator:
     """``calculate`` on the ``expression`` argument."""
 
     argument = "expression"
     thread_safe = True
+    DESCRIPTION = (
+        "Evaluates an arithmetic expression exactly and returns its value: numbers, "
+        "+ - * / // % ** and parentheses (no variables or functions)."
+    )
 
-    def __init__(self, name: str = "calculator", tag: str = "calc") -> None:
+    def __init__(
+        self, name: str = "calculator", tag: str = "calc", description: str | None = None
+    ) -> None:
         self.name, self.tag = name, tag
+        self.description = description or self.DESCRIPTION
+        self.parameters = string_parameter(self.argument, "the expression, e.g. 347*628")
 
     def call(self, arguments: dict[str, Any]) -> str:
         expression = _string_argument(arguments, self.argument)
@@ -59,17 +85,24 @@ class SandboxedPython:
     argument = "code"
     own_deadline = True
     thread_safe = True
+    DESCRIPTION = (
+        "Runs a Python program in a sandbox (no network, no files) and returns what it prints; "
+        "print the result you need."
+    )
 
     def __init__(
         self,
         name: str = "python",
         tag: str = "python",
         *,
+        description: str | None = None,
         timeout_s: float = 5.0,
         memory_mb: int = 512,
         backend: Literal["auto", "bwrap", "rlimits"] = "auto",
     ) -> None:
         self.name, self.tag = name, tag
+        self.description = description or self.DESCRIPTION
+        self.parameters = string_parameter(self.argument, "the program, e.g. print(347*628)")
         self.timeout_s, self.memory_mb, self.backend = timeout_s, memory_mb, backend
 
     def call(self, arguments: dict[str, Any]) -> str:

@@ -45,12 +45,36 @@ def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None, sources: RunSource
     from zbrl.assembly.artifacts import prepare_artifacts
 
     artifacts = prepare_artifacts(cfg, sources)  # transformers quietened where it is imported
-    train_prompts, eval_sets = encode_datasets(cfg, artifacts, sources.model.tokenizer)
+    tokenizer = check_built_model(cfg, artifacts, sources.model.tokenizer)
+    train_prompts, eval_sets = encode_datasets(cfg, artifacts, tokenizer)
     total_steps = planned_steps(cfg, len(train_prompts))
     if (notice := steps_notice(cfg, len(train_prompts))) is not None:
         print(notice, flush=True)
     start, buffer_state = start_point(artifacts, resume)
     return RunInputs(artifacts, train_prompts, eval_sets, total_steps, start, buffer_state, resume)
+
+
+def check_built_model(cfg: RunConfig, artifacts: Artifacts, tokenizer: Any) -> Any:
+    """The checks that need the model directory (the embedded model's exists only now): the
+    chat template renders the environment's messages (``environment.message_role``, prefix
+    preservation) and ``model.lora.target_modules`` match the model. Returns the tokenizer when
+    it had to be loaded for them (else ``tokenizer``, possibly None: loaded when needed)."""
+    if cfg.environment is not None:
+        from zbrl.assembly.environments import check_episode_template
+
+        if tokenizer is None:
+            from zbrl.assembly.model_source import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg, artifacts.tokenizer_dir)
+        check_episode_template(cfg, tokenizer)
+    if cfg.model.lora is not None:
+        from zbrl.models import lora
+
+        base_dir = artifacts.model_dir
+        if lora.is_adapter_dir(base_dir):  # a LoRA checkpoint as model.path
+            base_dir = lora.base_dir_of(base_dir)
+        lora.check_targets(base_dir, cfg.model.lora, trust_remote_code=cfg.model.trust_remote_code)
+    return tokenizer
 
 
 def start_point(

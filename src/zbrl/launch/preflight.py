@@ -6,10 +6,13 @@ RunError (or ConfigError) that names the field and the fix, which the command li
 
 The config's own checks (zbrl.config.checks) ran when the config was loaded; these need the
 machine or the network: whether optional packages are installed (vLLM for
-``rollout.backend.type=vllm``, wandb and TensorBoard for their sinks), whether the reward builds,
-whether the dataset files exist and can be read, whether ``launch.ray_address`` answers, whether
-the broadcast address exists here, whether this machine has the GPUs NCCL needs, and whether the
-model, tokenizer and chat template can be had (a Hub id or GGUF file is fetched here).
+``rollout.backend.type=vllm``, wandb and TensorBoard for their sinks), whether the reward and
+the environment build, whether the dataset files exist and can be read, whether
+``launch.ray_address`` answers, whether the broadcast address exists here, whether this machine
+has the GPUs NCCL needs, and whether the model, tokenizer and chat template can be had (a Hub id
+or GGUF file is fetched here). What needs the built model (the embedded one is built after
+these) is checked by :func:`zbrl.launch.inputs.prepare_inputs`, still before the run directory:
+the chat template against the environment, the LoRA targets against the model.
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ def preflight(cfg: RunConfig) -> RunSources:
     returned, and the build (:func:`zbrl.assembly.artifacts.prepare_artifacts`) uses them
     instead of opening them again. For the embedded default these import neither torch nor Ray:
     the driver starts Ray right after them (docs/performance.md, Start-up)."""
+    from zbrl.assembly.environments import check_environment
     from zbrl.assembly.rewards import check_reward
 
     check_optional_packages(cfg)
     check_reward(cfg)  # a reward that cannot be built (ConfigError naming ``reward``)
+    check_environment(cfg)  # an environment or tool that does not import or build
     check_algorithm_imports(cfg)
     datasets = open_dataset_refs(cfg)  # the files exist and can be read; data.source gives data
     check_ray_address(cfg)

@@ -6,9 +6,9 @@ one train step and one checkpoint write of *this* run, which range from a fracti
 (the embedded demo) to minutes (a 7B policy with its optimizer state, fsynced and hashed). The
 run measures both (the ``train_step`` and ``checkpoint`` spans); the grace is
 ``MARGIN x (longest step + longest write) + FLOOR_S``. Until a checkpoint has been written, the
-write is estimated from the policy's weights on disk: a checkpoint holds the weights and an
-optimizer state of up to ``CHECKPOINT_BYTES_PER_WEIGHT_BYTE`` times their size (Adam's two fp32
-moments of bf16 weights), written at ``ASSUMED_WRITE_BYTES_PER_S``.
+write is estimated from the policy's weights on disk: a checkpoint holds float32 master weights
+and an optimizer state, up to ``CHECKPOINT_BYTES_PER_WEIGHT_BYTE`` times the weight files' size
+(4 + 8 bytes a parameter against bf16's 2), written at ``ASSUMED_WRITE_BYTES_PER_S``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ MARGIN = 2.0
 """Multiplies the measured (or estimated) step and write times."""
 FLOOR_S = 20.0
 """Added to every grace: the roles' own return, Ray's calls, a slow disk's first fsync."""
-CHECKPOINT_BYTES_PER_WEIGHT_BYTE = 5.0
-"""A checkpoint's size over its weights' size, at most: the weights once, and two fp32 Adam
-moments per parameter (8 bytes against bf16's 2)."""
+CHECKPOINT_BYTES_PER_WEIGHT_BYTE = 6.0
+"""A checkpoint's size over its weights' size, at most: the float32 master weights (4 bytes a
+parameter) and two fp32 Adam moments (8 bytes), against the 2 bytes of bf16 weight files."""
 ASSUMED_WRITE_BYTES_PER_S = 200e6
 """A conservative disk for the estimate before the first measured checkpoint."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

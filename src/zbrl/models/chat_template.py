@@ -1,7 +1,8 @@
 """The chat template a run renders prompts with: the tokenizer's own, or ``model.chat_template``.
 
-``model.chat_template`` is either the Jinja text itself or the path of a ``.jinja`` file. A
-tokenizer left without any template is refused with the fix, before anything starts.
+``model.chat_template`` is either the Jinja text itself (it holds ``{{`` or ``{%``) or the path of
+a template file (anything else, whatever its suffix). A path that names no file, and a tokenizer
+left without any template, are refused with the fix before anything starts.
 """
 
 from __future__ import annotations
@@ -16,20 +17,26 @@ PROBE = [{"role": "user", "content": "What is 2+2?"}]
 
 
 def is_template_path(value: str) -> bool:
-    return value.endswith(".jinja") and "{" not in value
+    """Whether a ``model.chat_template`` value is a file's path: Jinja text always holds a
+    ``{{`` expression or a ``{%`` statement, a path neither."""
+    return "{{" not in value and "{%" not in value
 
 
 def read_chat_template(value: str) -> str:
-    """The template text of a ``model.chat_template`` value (reading a ``.jinja`` file)."""
+    """The template text of a ``model.chat_template`` value (reading the file it names)."""
     if not is_template_path(value):
         return value
     path = Path(value).expanduser()
     if not path.is_file():
+        what = "is a directory" if path.is_dir() else "no such file"
         raise RunError(
-            f"{FIELD}={value!r}: no such file; give the path of a .jinja file or the template "
-            "text itself"
+            f"{FIELD}={value!r}: {what}, and it is not template text (no {{{{ or {{%); give "
+            "the path of a Jinja template file (e.g. chat_template.jinja) or the template text"
         )
-    return path.read_text()
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunError(f"{FIELD}={value!r}: cannot be read as a text file ({exc})") from None
 
 
 def apply_chat_template_setting(tokenizer, override: str | None, *, model: str):

@@ -64,9 +64,34 @@ def ensure_converted(
     gguf_file = Path(gguf_file).expanduser()
     target = converted_dir(gguf_file, Path(cache_dir))
     if not is_converted(target):
+        check_gguf_magic(field, gguf_file)
         check_gguf_packages(field, gguf_file)
-        convert_gguf(gguf_file, target, verbose=verbose)
+        try:
+            convert_gguf(gguf_file, target, verbose=verbose)
+        except ValueError as exc:  # transformers refuses the file (an unknown architecture)
+            raise RunError(
+                f"{field}={str(gguf_file)!r}: transformers cannot read this GGUF file ({exc}); "
+                "give a GGUF of an architecture transformers supports, or a Hugging Face model "
+                "directory"
+            ) from None
     return target
+
+
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file."""
+
+
+def check_gguf_magic(field: str, gguf_file: Path) -> None:
+    """A RunError unless ``gguf_file`` starts with the GGUF magic bytes (a download cut short, an
+    HTML error page or a renamed file would otherwise fail deep inside the conversion)."""
+    with open(gguf_file, "rb") as f:
+        head = f.read(len(GGUF_MAGIC))
+    if head != GGUF_MAGIC:
+        raise RunError(
+            f"{field}={str(gguf_file)!r} is not a GGUF file (it does not start with the GGUF "
+            f"magic bytes, but {head!r}); give a .gguf file as llama.cpp writes it (download it "
+            "again if it was cut short), or a Hugging Face model directory"
+        )
 
 
 def convert_gguf(gguf_file: Path, target: Path, *, verbose: bool = True) -> Path:

@@ -75,6 +75,29 @@ def wrap(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         ) from None
 
 
+def check_targets(model_dir: Path, lora: LoraConfig, *, trust_remote_code: bool = False) -> None:
+    """Pre-flight of ``model.lora``: at least one of ``target_modules`` names a linear layer of
+    the model in ``model_dir`` (as peft matches them: the module's name or its last
+    component), checked on a skeleton built from ``config.json`` on the meta device (no weight is
+    read). A RunError naming the field and the model's linear layers otherwise; without it, the
+    consumers would fail after the run directory exists."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    targets = list(lora.target_modules)
+    if any(n == t or n.endswith("." + t) for n in names for t in targets):
+        return
+    linear = sorted({n.rsplit(".", 1)[-1] for n in names})
+    raise RunError(
+        f"model.lora.target_modules={targets} matches no linear layer of "
+        f"{type(model).__name__} ({model_dir}); its linear layers are named {linear}: set "
+        "model.lora.target_modules to some of them"
+    )
+
+
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter tensors of a peft model by peft's names (shares storage with the model)."""
     from peft import get_peft_model_state_dict

@@ -24,10 +24,20 @@ _BASE = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _SEN
 class TurnFormatter:
     """Chat-template text and token ids of environment messages for one tokenizer."""
 
-    def __init__(self, tokenizer: Any, role: str, *, eos_ids: set[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        role: str,
+        *,
+        eos_ids: set[int],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.role = role
         self.eos_ids = eos_ids
+        self.tools = tools
+        """The tool schemas the prompts were rendered with (``tools=``), so that each message
+        is the text the template writes in that same conversation; None: none."""
         self._base = self._render(_BASE, generation_prompt=False)
         at = self._base.find(_SENTINEL)
         if at < 0:
@@ -41,8 +51,9 @@ class TurnFormatter:
 
     def _render(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
         try:
+            extra = {} if self.tools is None else {"tools": self.tools}
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=generation_prompt
+                messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
             )
         except Exception as e:
             raise RunError(
