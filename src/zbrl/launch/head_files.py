@@ -63,10 +63,14 @@ class HeadFiles:
         """Check the streamed checkpoint ``rel_tmp`` against its manifest (sizes and SHA-256),
         rename it to ``rel_final`` (replacing one there), keep the newest ``keep``; the final
         path."""
-        from zbrl.training.checkpoint import check_complete, prune
+        from zbrl.training.checkpoint import CheckpointError, check_complete, prune
 
         tmp, final = self._path(rel_tmp), self._path(rel_final)
-        check_complete(tmp)  # a CheckpointError naming the file that did not arrive whole
+        try:
+            check_complete(tmp)
+        except CheckpointError:  # names the file that did not arrive whole
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():
             old = final.with_name(f"{final.name}.old-head")
             shutil.rmtree(old, ignore_errors=True)
