@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the config's model.path)",
     )
     p.add_argument("--data", required=True, action="append", help="dataset file (NAME=PATH ok)")
-    p.add_argument("--recipe", default=None, help="take reward and eval settings from a recipe")
+    p.add_argument(
+        "--recipe", default=None, help="the config to use (model, reward, eval, rollout settings)"
+    )
     p.add_argument("--n", type=int, default=None, help="samples per prompt (eval.num_samples)")
     p.add_argument("--reward", default=None, help="reward type (reward.type)")
     p.add_argument("--temperature", type=float, default=None, help="0 is greedy (eval.temperature)")
