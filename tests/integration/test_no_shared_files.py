@@ -171,7 +171,10 @@ def test_a_run_on_nodes_sharing_no_files_stops_and_resumes_from_the_head(two_nod
     assert stopped is not None and stopped.version >= 3, err[-3000:]
     uids = (run_dir / "trained_uids.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in uids] == list(range(1, stopped.version + 1))
-    assert {"0.jsonl", "2.jsonl"} <= {p.name for p in (run_dir / "eval").iterdir()}, workers
+    # the evaluations at the start and at least one more (which steps depends on the evaluator's
+    # pace; wherever it ran, its files are on the head)
+    evaluated = {p.name for p in (run_dir / "eval").iterdir()}
+    assert "0.jsonl" in evaluated and len(evaluated) >= 2, (evaluated, workers)
 
     # the second node got the warm start through the object store, into its own cache
     raylets = [p for p in descendants(node.pid) if process_name(p) == "raylet"]

@@ -101,6 +101,12 @@ class Spawner:
         """The run directory as the driver sees it (absolute: a worker's cwd is its node's)."""
         return str(Path(self.run_dir).absolute())
 
+    @property
+    def _trainer_state(self) -> str | None:
+        """The start's consumer state file, absolute as the driver sees it (None: fresh)."""
+        state = self.start.trainer_state
+        return None if state is None else str(Path(state).absolute())
+
     def respawn(
         self,
         start: StartPoint,
@@ -190,7 +196,7 @@ class Spawner:
                 self.buffer,
                 self.store,
                 self.hub,
-                self.start.trainer_state,
+                self._trainer_state,
                 self.group,
                 self.head_files,
             )
