@@ -1,4 +1,4 @@
-"""Command line: ``zbrl train|resume|demo|eval|report|plan|validate|models``."""
+"""Command line: zbrl train|resume|demo|eval|report|plan|validate|models."""
 
 from __future__ import annotations
 
@@ -137,12 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "eval",
-        help="evaluate a saved checkpoint on a dataset",
-        description="Defaults come from the run config's eval section (zbrl validate shows them).",
+        help="evaluate a model or a saved checkpoint on datasets",
+        description="Defaults come from the config's eval section (zbrl validate shows them): "
+        "the recipe's, else the defaults, with the dotted overrides applied.",
     )
-    p.add_argument("--model", required=True, help="HF model directory")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="what model.path takes: a model or checkpoint directory (RUN_DIR/checkpoints/step-N), "
+        "a .gguf file, a pulled model's name, a Hub id ORG/NAME or 'embedded' "
+        "(default: the config's model.path)",
+    )
     p.add_argument("--data", required=True, action="append", help="dataset file (NAME=PATH ok)")
-    p.add_argument("--recipe", default=None, help="take reward and eval settings from a recipe")
+    p.add_argument(
+        "--recipe", default=None, help="the config to use (model, reward, eval, rollout settings)"
+    )
     p.add_argument("--n", type=int, default=None, help="samples per prompt (eval.num_samples)")
     p.add_argument("--reward", default=None, help="reward type (reward.type)")
     p.add_argument("--temperature", type=float, default=None, help="0 is greedy (eval.temperature)")
@@ -155,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompts", type=int, default=None, help="eval.max_prompts")
     p.add_argument("--batch-size", type=int, default=None, help="eval.batch_size")
     p.add_argument("--out", default=None, help="directory for per-sample JSONL")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides after the options, e.g. eval.num_samples=4"
+    )
     p.set_defaults(func=_cmd_eval)
 
     from zbrl.planning.command import add_plan_parser

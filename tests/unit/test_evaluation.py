@@ -146,7 +146,79 @@ def test_eval_cli_on_a_saved_model(tiny_model_dir, task_files, tmp_path, capsys)
     } <= set(records[0])
 
 
-def test_eval_cli_rejects_a_non_model_dir(tmp_path, capsys):
-    rc = main(["eval", "--model", str(tmp_path), "--data", "x.jsonl"])
+def test_eval_cli_rejects_a_non_model_dir(tmp_path, task_files, capsys):
+    rc = main(["eval", "--model", str(tmp_path), "--data", str(task_files[1])])
     assert rc == 1
     assert "not a model directory" in capsys.readouterr().err
+
+
+def eval_rows(out_dir, name):
+    return [json.loads(x) for x in (out_dir / f"{name}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # builds the embedded warm start (~9 s on 2 cores)
+def test_eval_cli_takes_the_embedded_model_and_dotted_overrides(
+    run_cache, task_files, tmp_path, capsys
+):
+    from helpers.runs import WARM_START_STEPS
+
+    rc = main(
+        [
+            "eval",
+            "--model",
+            "embedded",
+            "--data",
+            f"held_out={task_files[1]}",
+            "--out",
+            str(tmp_path),
+            f"logging.cache_dir={run_cache}",
+            f"model.warm_start.steps={WARM_START_STEPS}",
+            "eval.max_prompts=3",
+            "eval.num_samples=2",
+            "eval.max_new_tokens=6",
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    rows = eval_rows(tmp_path, "held_out")
+    assert len(rows) == 3 * 2  # the overrides' prompts x samples
+    assert max(r["length"] for r in rows) <= 6
+    # the embedded warm start was built into the overridden cache, and evaluated from there
+    assert any(run_cache.rglob("config.json"))
+
+
+def test_eval_cli_takes_a_gguf_file(tmp_path, task_files, capsys):
+    from tiny_gguf import write_tiny_gguf
+
+    source = tmp_path / "tiny.gguf"
+    write_tiny_gguf(source)
+    out = tmp_path / "out"
+    argv = ["eval", "--model", str(source), "--data", f"h={task_files[1]}", "--out", str(out)]
+    rc = main([*argv, "--n", "2", f"logging.cache_dir={tmp_path / 'cache'}", "eval.max_prompts=3"])
+    assert rc == 0, capsys.readouterr().err
+    assert len(eval_rows(out, "h")) == 3 * 2
+    assert any((tmp_path / "cache" / "gguf").iterdir())  # converted once into the cache
+
+
+def test_eval_cli_model_defaults_to_the_configs_model_path(tiny_model_dir, task_files, tmp_path):
+    out = tmp_path / "out"
+    argv = ["eval", "--data", f"h={task_files[1]}", "--out", str(out), "--n", "1"]
+    user_model = [f"model.path={tiny_model_dir}", "data.allow_embedded_task_with_user_model=true"]
+    assert main([*argv, *user_model, "eval.max_prompts=2"]) == 0
+    assert len(eval_rows(out, "h")) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--model", "/nowhere/model"], "--model='/nowhere/model' does not exist; give a local"),
+        (
+            ["model.path=/nowhere/model", "data.allow_embedded_task_with_user_model=true"],
+            "model.path='/nowhere/model' does not exist",
+        ),
+        (["--model", "/nowhere/model.gguf"], "--model='/nowhere/model.gguf': no such GGUF file"),
+    ],
+)
+def test_eval_cli_names_a_bad_model(argv, needle, task_files, capsys):
+    assert main(["eval", "--data", str(task_files[1]), *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1

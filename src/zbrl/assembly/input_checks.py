@@ -43,43 +43,75 @@ def check_backend_installed(cfg: RunConfig) -> None:
 class EvalInputs:
     """What ``zbrl eval``'s pre-flight opened, for the evaluation to use."""
 
+    model_dir: Path
+    """The local directory of the model evaluated (a checkpoint, a LoRA checkpoint, the
+    embedded warm start, or what a Hub id, a GGUF file or a pulled name resolved to)."""
+    tokenizer_dir: Path
+    """The tokenizer's directory: ``model.tokenizer_path``'s when set, else ``model_dir``."""
     tokenizer: Any
-    """The model directory's tokenizer, with ``model.chat_template`` applied when set."""
+    """The tokenizer, with ``model.chat_template`` applied when set."""
     sets: list[tuple[str, DatasetRef]]
     """Each ``--data`` set's name and what it reads (a file, or the source's held-out split)."""
 
 
-def open_eval_inputs(cfg: RunConfig, model_dir: Path, data: list[tuple[str, str]]) -> EvalInputs:
-    """Pre-flight of ``zbrl eval``, the first half of its build: the model directory holds a
-    model and a tokenizer (loaded here, once), the backend's package is installed, the reward
-    and the environment build (the chat template renders the environment's messages) and every
-    ``--data`` file can be read."""
+def open_eval_inputs(
+    cfg: RunConfig, model: str, data: list[tuple[str, str]], *, field: str = "--model"
+) -> EvalInputs:
+    """Pre-flight of ``zbrl eval``, the first half of its build: ``model`` (any form
+    ``model.path`` takes, :func:`eval_model_dir`) resolves to a directory holding a model and a
+    tokenizer (loaded here, once), the backend's package is installed, the reward builds and
+    the environment builds (the chat template renders the environment's messages) and every
+    ``--data`` file can be read. ``field``: how errors name ``model``."""
     from zbrl.assembly.environments import check_environment, check_episode_template
-    from zbrl.assembly.model_source import load_tokenizer
+    from zbrl.assembly.model_source import load_tokenizer, user_tokenizer_dir
     from zbrl.assembly.rewards import check_reward
-    from zbrl.models import lora
-    from zbrl.models.sources import check_model_dir, check_tokenizer_dir
+    from zbrl.models.sources import check_tokenizer_dir
 
-    if lora.is_adapter_dir(model_dir):  # a LoRA checkpoint: its base + its adapters
-        check_lora_checkpoint(model_dir)
-    elif not model_dir.is_dir() or not (model_dir / "config.json").is_file():
-        why = "no config.json" if model_dir.is_dir() else "it does not exist"
-        raise RunError(
-            f"--model {model_dir}: not a model directory ({why}); give a directory "
-            "save_pretrained wrote, e.g. a checkpoint RUN_DIR/checkpoints/step-N"
-        )
-    else:
-        check_model_dir(model_dir, field="--model", spec=str(model_dir))
-    check_tokenizer_dir(model_dir, field="--model", spec=str(model_dir))
     check_backend_installed(cfg)
     check_reward(cfg)
     check_environment(cfg)
     for name, path in data:
         if path != HELD_OUT:
             check_readable_file(path, f"--data {name}")
-    tokenizer = load_tokenizer(cfg, model_dir)  # every set is encoded before the model loads
+    model_dir = eval_model_dir(cfg, model, field=field)
+    tokenizer_dir = user_tokenizer_dir(cfg) or model_dir
+    if cfg.model.tokenizer_path is None:
+        check_tokenizer_dir(tokenizer_dir, field=field, spec=model)
+    else:
+        check_tokenizer_dir(
+            tokenizer_dir, field="model.tokenizer_path", spec=cfg.model.tokenizer_path
+        )
+    tokenizer = load_tokenizer(cfg, tokenizer_dir)  # every set is encoded before the model loads
     check_episode_template(cfg, tokenizer)
-    return EvalInputs(tokenizer, [(name, eval_ref(cfg, path)) for name, path in data])
+    sets = [(name, eval_ref(cfg, path)) for name, path in data]
+    return EvalInputs(model_dir, tokenizer_dir, tokenizer, sets)
+
+
+def eval_model_dir(cfg: RunConfig, model: str, *, field: str) -> Path:
+    """The local model directory of ``zbrl eval``'s model: ``embedded`` (the warm-started
+    embedded policy of the config's task, built once into ``logging.cache_dir``), a checkpoint
+    or any Hugging Face model directory, a LoRA checkpoint (its base model checked), a ``.gguf``
+    file (converted once), a pulled model's name or a Hub id (:mod:`zbrl.models.sources`). A
+    RunError naming ``field`` and the fix when it is none of them."""
+    from zbrl.assembly.embedded import embedded_policy_dir
+    from zbrl.models import lora
+    from zbrl.models.sources import check_model_dir, classify, resolve
+
+    source = classify(model)
+    if source.kind == "embedded":
+        return embedded_policy_dir(cfg)
+    model_dir = resolve(model, cfg.logging.cache_dir, field=field)
+    if source.kind == "local" and lora.is_adapter_dir(model_dir):
+        check_lora_checkpoint(model_dir)  # a LoRA checkpoint: its base + its adapters
+    elif source.kind == "local" and not (model_dir / "config.json").is_file():
+        raise RunError(
+            f"{field} {model}: not a model directory (no config.json); give a directory "
+            "save_pretrained wrote, e.g. a checkpoint RUN_DIR/checkpoints/step-N, a .gguf "
+            "file, a Hub id (ORG/NAME), a pulled model's name or `embedded`"
+        )
+    else:
+        check_model_dir(model_dir, field=field, spec=model)
+    return model_dir
 
 
 def check_lora_checkpoint(adapter_dir: Path) -> None:

@@ -1,6 +1,10 @@
-"""``zbrl eval --model DIR --data FILE [--n N]``: evaluate a saved checkpoint outside training.
+"""``zbrl eval [--recipe R] [--model M] --data FILE [--n N] [KEY=VALUE ...]``: evaluate a model
+outside training.
 
-``--data held_out`` evaluates the held-out split of the recipe's ``data.source``."""
+``--model`` takes what ``model.path`` takes (a checkpoint or any Hugging Face model directory, a
+LoRA checkpoint, a ``.gguf`` file, a pulled model's name, a Hub id, ``embedded``); without it the
+config's ``model.path`` is evaluated. Dotted overrides change the config as ``zbrl train``'s do;
+``--data held_out`` evaluates the held-out split of the config's ``data.source``."""
 
 from __future__ import annotations
 
@@ -30,8 +34,9 @@ EVAL_FLAGS = {
 
 
 def eval_overrides(args: argparse.Namespace) -> list[str]:
-    """Dotted overrides for the flags that were given (the defaults live in the config)."""
-    return [
+    """The command line's dotted overrides, then those of the flags that were given (the
+    defaults live in the config)."""
+    return [*args.overrides] + [
         f"{field}={getattr(args, flag)}"
         for flag, field in EVAL_FLAGS.items()
         if getattr(args, flag) is not None
@@ -52,16 +57,16 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from zbrl.models.quiet import quiet_transformers
 
     quiet_transformers()
-    model_dir = Path(args.model)
     cfg = load_config(args.recipe, eval_overrides(args))
+    model, field = (args.model, "--model") if args.model else (cfg.model.path, "model.path")
     named = [_named(spec) for spec in args.data]
-    opened = open_eval_inputs(cfg, model_dir, named)  # model, tokenizer, packages, reward, data
+    opened = open_eval_inputs(cfg, model, named, field=field)  # packages, reward, data, model
     limit = cfg.eval.max_prompts
     sets = [
         (name, encode_prompts(ref, cfg, opened.tokenizer, limit=limit)[0])
         for name, ref in opened.sets
     ]
-    backend = build_backend(cfg, model_dir, model_dir)
+    backend = build_backend(cfg, opened.model_dir, opened.tokenizer_dir)
     reward = build_eval_reward_fn(cfg)
     params = eval_sampling_params(cfg)
     episodes = build_episode_runner(cfg, backend, params.max_new_tokens)

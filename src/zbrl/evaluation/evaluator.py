@@ -134,6 +134,11 @@ class Evaluator:
         self.batch_size = batch_size
         self.out_dir = Path(out_dir) if out_dir is not None else None
 
+    def out_file(self, step: int) -> Path:
+        """The per-sample records of the evaluation at ``step`` (with an ``out_dir``)."""
+        assert self.out_dir is not None
+        return self.out_dir / f"{step}.jsonl"
+
     def run(self, step: int) -> dict[str, dict[str, float]]:
         results: dict[str, dict[str, float]] = {}
         all_records: list[dict[str, Any]] = []
@@ -150,7 +155,7 @@ class Evaluator:
             all_records += records
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.out_dir / f"{step}.jsonl", "w", encoding="utf-8") as f:
+            with open(self.out_file(step), "w", encoding="utf-8") as f:
                 for rec in all_records:
                     f.write(json.dumps({"step": step, **rec}) + "\n")
         return results

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from zbrl.config import RunConfig
 from zbrl.launch.placement import Placement, reserve
+from zbrl.launch.shipping import Shipper
 from zbrl.training.checkpoint import Checkpoint
 
 if TYPE_CHECKING:  # the driver finds its start point without torch (docs/performance.md)
@@ -49,11 +50,13 @@ class Workers:
     placement: Placement | None = None
     reward_workers: list[Any] = field(default_factory=list)
     """Reward-model actors the producers score with (``reward.workers``)."""
+    head_files: Any = None
+    """The actor writing the head's run directory for workers on other nodes (None: one node)."""
     where: list[dict[str, Any]] = field(default_factory=list)  # summary.json "workers"
 
     def all(self) -> list[Any]:
         out = [*self.producers, *self.consumers, self.buffer, self.store, self.hub]
-        out += self.reward_workers
+        out += self.reward_workers + ([self.head_files] if self.head_files is not None else [])
         return out + ([self.evaluator] if self.evaluator is not None else [])
 
     def replace_with(self, new: Workers) -> None:
@@ -82,6 +85,27 @@ class Spawner:
     """The consumers' data-parallel group (None for one consumer)."""
     reward_workers: list[Any] = field(default_factory=list)
     """The reward workers the producers send their batches to (none: they score in-process)."""
+    shipper: Shipper | None = None
+    """Ships the model, tokenizer and checkpoint directories to the workers' nodes (None: the
+    workers read the driver's paths; :mod:`zbrl.launch.shipping`)."""
+    head_files: Any = None
+    """The :class:`~zbrl.launch.head_files.HeadFiles` actor that workers on other nodes copy
+    their checkpoints and eval files to (None on a single node)."""
+
+    def _ship(self, directory: Path) -> Any:
+        shipper = self.shipper or Shipper(self.placement.driver_node, multi_node=False)
+        return shipper.ship(directory)
+
+    @property
+    def _run_dir(self) -> str:
+        """The run directory as the driver sees it (absolute: a worker's cwd is its node's)."""
+        return str(Path(self.run_dir).absolute())
+
+    @property
+    def _trainer_state(self) -> str | None:
+        """The start's consumer state file, absolute as the driver sees it (None: fresh)."""
+        state = self.start.trainer_state
+        return None if state is None else str(Path(state).absolute())
 
     def respawn(
         self,
@@ -118,7 +142,7 @@ class Spawner:
         workers = Workers(
             buffer, store, self.hub, producers, consumers, evaluator,
             group_host=group_host, placement=self.placement,
-            reward_workers=spawner.reward_workers,
+            reward_workers=spawner.reward_workers, head_files=self.head_files,
         )  # fmt: skip
         workers.names = {a: f"producer-{i}" for i, a in enumerate(producers)}
         workers.names.update({a: f"consumer-{i}" for i, a in enumerate(consumers)})
@@ -141,8 +165,8 @@ class Spawner:
             .remote(
                 self._data,
                 index,
-                str(self.start.model_dir),
-                str(self.artifacts.tokenizer_dir),
+                self._ship(self.start.model_dir),
+                self._ship(self.artifacts.tokenizer_dir),
                 self.prompts_ref,
                 self.buffer,
                 self.store,
@@ -164,16 +188,17 @@ class Spawner:
             .remote(
                 self._data,
                 index,
-                str(self.start.model_dir),
-                str(self.artifacts.model_dir),
-                str(self.artifacts.tokenizer_dir),
-                str(self.run_dir),
+                self._ship(self.start.model_dir),
+                self._ship(self.artifacts.model_dir),
+                self._ship(self.artifacts.tokenizer_dir),
+                self._run_dir,
                 self.total_steps,
                 self.buffer,
                 self.store,
                 self.hub,
-                self.start.trainer_state,
+                self._trainer_state,
                 self.group,
+                self.head_files,
             )
         )
 
@@ -189,13 +214,14 @@ class Spawner:
             .options(**self.placement.evaluator_options())
             .remote(
                 self._data,
-                str(self.start.model_dir),
-                str(self.artifacts.tokenizer_dir),
+                self._ship(self.start.model_dir),
+                self._ship(self.artifacts.tokenizer_dir),
                 self.eval_sets,
-                str(self.run_dir),
+                self._run_dir,
                 self.store,
                 self.hub,
                 self.start.version,
+                self.head_files,
             )
         )
 
@@ -253,11 +279,29 @@ def create_workers(
     import ray
 
     shared = shared or start_shared_actors(cfg)
+    shipper, head_files = files_across_nodes(shared.placement, run_dir)
     base = Spawner(
         cfg, artifacts, run_dir, start, total_steps, None, None, shared.hub,
         ray.put(train_prompts), eval_sets, shared.placement,
+        shipper=shipper, head_files=head_files,
     )  # fmt: skip
     return base.respawn(start, buffer_state, fresh=(shared.buffer, shared.store))
+
+
+def files_across_nodes(placement: Placement, run_dir: Path) -> tuple[Shipper, Any]:
+    """The shipper of the workers' input directories and, on a cluster of more than one node
+    (counted at the start), the actor on the driver's node that workers elsewhere copy their
+    checkpoints and eval files to (None on a single node)."""
+    import ray
+
+    from zbrl.launch.head_files import HeadFiles
+
+    multi_node = sum(1 for node in ray.nodes() if node["Alive"]) > 1
+    shipper = Shipper(placement.driver_node, multi_node=multi_node)
+    if not multi_node:
+        return shipper, None
+    head = ray.remote(HeadFiles).options(**placement.shared_options())
+    return shipper, head.remote(str(Path(run_dir).absolute()))
 
 
 def _buffer_and_store(cfg: RunConfig, place: Placement) -> tuple[Any, Any]:

@@ -35,8 +35,10 @@ from zbrl.assembly.settings import (
 )
 from zbrl.config import RunConfig
 from zbrl.config.transport import ObjectStoreSync
+from zbrl.launch.head_files import HeadMirror, node_run_dir
 from zbrl.launch.placement import describe_process, node_address
 from zbrl.launch.reward_workers import reward_scorer
+from zbrl.launch.shipping import ShippedDir, local_dir, local_path, on_driver_node
 from zbrl.models.quiet import quiet_transformers
 from zbrl.rewards.base import prepare_reward
 from zbrl.telemetry.spans import STARTUP, SpanRecorder
@@ -127,6 +129,23 @@ def _lending(cfg: RunConfig) -> ThreadLending | None:
     return ThreadLending(own=t, per_producer=t, cap=max(t, len(os.sched_getaffinity(0))))
 
 
+EVAL_DIR = "eval"
+"""The evaluator's per-sample files in the run directory: ``eval/STEP.jsonl``."""
+
+
+def local_dirs(cfg: RunConfig, model: ShippedDir, tokenizer: ShippedDir) -> tuple[Path, Path]:
+    """The model and tokenizer directories where this worker's node has them."""
+    cache = cfg.logging.cache_dir
+    return local_dir(model, cache), local_dir(tokenizer, cache)
+
+
+def head_mirror(head_files: Any, driver_node: str, local_run_dir: Path) -> HeadMirror | None:
+    """What copies a worker's run files to the head: None on the driver's node (or one node)."""
+    if head_files is None or on_driver_node(driver_node):
+        return None
+    return HeadMirror(head_files, local_run_dir)
+
+
 def _setup_process(cfg: RunConfig, seed_offset: int) -> None:
     quiet_transformers()
     torch.set_num_threads(cfg.launch.torch_threads)
@@ -140,8 +159,8 @@ class ProducerWorker:
         self,
         cfg_data: dict[str, Any],
         index: int,
-        model_dir: str,
-        tokenizer_dir: str,
+        model: ShippedDir,
+        tokenizer: ShippedDir,
         prompts: list[EncodedPrompt],
         buffer: Any,
         store: Any,
@@ -150,7 +169,9 @@ class ProducerWorker:
         resume_state: dict[str, Any] | None,
         reward_workers: list[Any] | None = None,
     ) -> None:
-        """``initial_version``: the version of the weights in ``model_dir``; ``resume_state``: the
+        """``model``, ``tokenizer``: the directories to load, read where this node has them
+        (:func:`zbrl.launch.shipping.local_dir`); ``initial_version``: the version of the weights
+        in ``model``; ``resume_state``: the
         producer's resume point (from the rollout buffer) when it continues a shard;
         ``reward_workers``: the reward-model actors to score with (None: in this process)."""
         from zbrl.rollout.producer import Producer
@@ -164,8 +185,10 @@ class ProducerWorker:
             # the model's load to finish in
             reward_fn = build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers))
             prepare_reward(reward_fn)
+        with timer.part("files"):
+            model_dir, tokenizer_dir = local_dirs(cfg, model, tokenizer)
         with timer.part("backend"):
-            backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
+            backend = build_backend(cfg, model_dir, tokenizer_dir)
         self.receiver = build_receiver(
             cfg.transport.weight_sync,
             WeightStoreClient(RayHandle(store)),
@@ -205,9 +228,9 @@ class ConsumerWorker:
         self,
         cfg_data: dict[str, Any],
         index: int,
-        model_dir: str,
-        reference_dir: str,
-        tokenizer_dir: str,
+        model: ShippedDir,
+        reference: ShippedDir,
+        tokenizer: ShippedDir,
         run_dir: str,
         total_steps: int,
         buffer: Any,
@@ -215,11 +238,14 @@ class ConsumerWorker:
         hub: Any,
         trainer_state: str | None,
         group: GroupSpec | None = None,
+        head_files: Any = None,
     ) -> None:
-        """``model_dir``: the policy's weights (a checkpoint when resuming); ``reference_dir``:
-        the frozen reference's (the base model); ``trainer_state``: a checkpoint's consumer state
-        file to continue from; ``group``: the data-parallel group this consumer joins as rank
-        ``index`` (None for one consumer)."""
+        """``model``: the policy's weights (a checkpoint when resuming); ``reference``: the
+        frozen reference's (the base model); ``trainer_state``: a checkpoint's consumer state
+        file to continue from (inside ``model``, as the driver's node has it); ``group``: the
+        data-parallel group this consumer joins as rank ``index`` (None for one consumer);
+        ``head_files``: the actor that takes this consumer's checkpoints and uid log when it runs
+        on another node than the driver's (None on a single node)."""
         from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
@@ -231,11 +257,15 @@ class ConsumerWorker:
                 join_group(group, rank=index)
         self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
         self.hub = HubClient(RayHandle(hub))
+        with timer.part("files"):
+            model_dir, tokenizer_dir = local_dirs(cfg, model, tokenizer)
+            reference_dir = local_dir(reference, cfg.logging.cache_dir)
+            local_run_dir = node_run_dir(run_dir, model.driver_node, cfg.logging.cache_dir)
         with timer.part("tokenizer"):
-            tokenizer = load_tokenizer(cfg, Path(tokenizer_dir))
+            tokenizer = load_tokenizer(cfg, tokenizer_dir)
         with timer.part("trainer"):
             trainer = build_trainer(
-                cfg, Path(model_dir), tokenizer, total_steps, reference_dir=Path(reference_dir)
+                cfg, model_dir, tokenizer, total_steps, reference_dir=reference_dir
             )
         # only rank 0 publishes; the other ranks hold a publisher that is never called, and must
         # not join (or form) the broadcast group
@@ -248,7 +278,7 @@ class ConsumerWorker:
             dtype=inference_dtype(cfg),  # the producers' and evaluator's inference dtype
         )
         self.consumer = Consumer(
-            consumer_settings(cfg, run_dir),
+            consumer_settings(cfg, local_run_dir),
             trainer,
             BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
             self.publisher,
@@ -257,10 +287,12 @@ class ConsumerWorker:
             on_step=self.hub.add_metrics,
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
             lending=_lending(cfg),
+            mirror=head_mirror(head_files, model.driver_node, local_run_dir),
         )
         if trainer_state is not None:
             with timer.part("trainer_state"):
-                self.consumer.load_state(load_state(Path(trainer_state)))
+                state_file = local_path(model, model_dir, trainer_state)
+                self.consumer.load_state(load_state(state_file))
         timer.record(self.recorder)
 
     def placement(self) -> dict[str, Any]:
@@ -277,14 +309,17 @@ class EvaluatorWorker:
     def __init__(
         self,
         cfg_data: dict[str, Any],
-        model_dir: str,
-        tokenizer_dir: str,
+        model: ShippedDir,
+        tokenizer: ShippedDir,
         eval_sets: dict[str, list[EncodedPrompt]],
         run_dir: str,
         store: Any,
         hub: Any,
         initial_version: int,
+        head_files: Any = None,
     ) -> None:
+        """As the producer's and consumer's arguments; ``head_files``: the actor that takes the
+        eval files when this evaluator runs on another node than the driver's."""
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
 
         timer = StartupTimer()
@@ -292,8 +327,12 @@ class EvaluatorWorker:
         _setup_process(cfg, 999)
         self.recorder = SpanRecorder("evaluator", "evaluator")
         self.hub = HubClient(RayHandle(hub))
+        with timer.part("files"):
+            model_dir, tokenizer_dir = local_dirs(cfg, model, tokenizer)
+            local_run_dir = node_run_dir(run_dir, model.driver_node, cfg.logging.cache_dir)
+        self.mirror = head_mirror(head_files, model.driver_node, local_run_dir)
         with timer.part("backend"):
-            backend = build_backend(cfg, Path(model_dir), Path(tokenizer_dir))
+            backend = build_backend(cfg, model_dir, tokenizer_dir)
         self.backend = backend
         self.receiver = build_receiver(
             cfg.transport.weight_sync,
@@ -311,7 +350,7 @@ class EvaluatorWorker:
             [EvalSet(name, prompts) for name, prompts in eval_sets.items()],
             params,
             batch_size=cfg.eval.batch_size,
-            out_dir=Path(run_dir) / "eval",
+            out_dir=local_run_dir / EVAL_DIR,
         )
         timer.record(self.recorder)
 
@@ -325,6 +364,8 @@ class EvaluatorWorker:
         with self.recorder.span(EVAL, step=step, version=self.receiver.loaded_version):
             torch.manual_seed(12345)  # the same sampling noise for every eval
             results = self.evaluator.run(step)
+        if self.mirror is not None:
+            self.mirror.file_written(self.evaluator.out_file(step))
         self.hub.add_spans(self.recorder.drain())
         return results
 

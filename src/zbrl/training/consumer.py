@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -50,6 +50,17 @@ class ConsumerSettings:
     rollouts_per_log: int
     uid_log: str | None
     """JSONL file that gets one line per step: the uids trained and their policy versions."""
+
+
+class RunFileMirror(Protocol):
+    """Copies what a consumer writes into its run directory to another place (a consumer on a
+    node that is not the driver's copies it to the driver's: :mod:`zbrl.launch.head_files`)."""
+
+    def checkpoint_saved(self, path: Path, keep: int) -> None:
+        """The complete checkpoint ``path`` was written; keep the newest ``keep`` there."""
+
+    def line_appended(self, path: Path, line: str) -> None:
+        """``line`` was appended to the file ``path``."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +105,10 @@ class Consumer:
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
         lending: ThreadLending | None = None,
+        mirror: RunFileMirror | None = None,
     ) -> None:
-        """``lending``: borrow parked producers' cores for a step (None: never)."""
+        """``lending``: borrow parked producers' cores for a step (None: never); ``mirror``:
+        copies each checkpoint and uid-log line elsewhere once written (None: nowhere)."""
         self.settings = settings
         self.trainer = trainer
         self.buffer = buffer
@@ -105,6 +118,7 @@ class Consumer:
         self.on_step = on_step
         self.on_rollouts = on_rollouts
         self.lending = lending
+        self.mirror = mirror
         self.version = 0
         self.groups_trained = 0
         self.samples_trained = 0
@@ -230,8 +244,11 @@ class Consumer:
             "policy_versions": [g.policy_version for g in batch.groups],
         }
         Path(self.settings.uid_log).parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(line) + "\n"
         with open(self.settings.uid_log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(text)
+        if self.mirror is not None:
+            self.mirror.line_appended(Path(self.settings.uid_log), text)
 
     def _save(self) -> Path:
         """A resumable checkpoint of this step (see :mod:`zbrl.training.checkpoint`): the model,
@@ -248,6 +265,8 @@ class Consumer:
             saved = save_checkpoint(engine, self.tokenizer, path, state=state)
             if self.rank == 0:
                 prune(self.settings.checkpoint_dir, self.settings.save_keep)
+                if self.mirror is not None:  # inside the span: a stop waits for the copy
+                    self.mirror.checkpoint_saved(saved, self.settings.save_keep)
         if engine.world_size > 1:
             # no rank may take the next step's batch before rank 0 captured the buffer's state
             engine.all_reduce([0.0], "sum")
