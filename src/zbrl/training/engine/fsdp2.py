@@ -16,6 +16,13 @@ root, so parameters, gradients and optimizer state are split over the ranks.
   all-gathers the parameters in it (``param_dtype``) and reduce-scatters gradients in float32
   (``reduce_dtype``), so the optimizer sees float32 gradients. Full weights are gathered in
   float32.
+- CPU offload (``cpu_offload``): FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters, their
+  gradients and (since the optimizer is built over those parameters) the optimizer state in CPU
+  memory; each layer's shard is copied to the device for its all-gather in the forward and the
+  backward, its gradient shard comes back after the reduce-scatter, and the optimizer steps on
+  the CPU. The device then holds only the gathered layers in flight and the activations. The
+  math is unchanged (``tests/unit/test_fsdp2_offload.py``). Host memory is pinned on GPUs (faster
+  copies); on CPU the policy changes placement of nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +41,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 from zbrl.training.engine.ddp import OptimizerFactory
@@ -70,16 +82,27 @@ def mixed_precision(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=MASTER_DTYPE)
 
 
+def offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
+    """FSDP2's CPU offload (pinned host memory when the device is a GPU), or its no-offload
+    default."""
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+
+
 def shard_model(
     model: torch.nn.Module,
     device: torch.device,
     reshard_after_forward: bool,
     mp_policy: MixedPrecisionPolicy | None = None,
+    cpu_offload: bool = False,
 ) -> None:
-    """``fully_shard`` each decoder layer, then the root (in place), under ``mp_policy``."""
+    """``fully_shard`` each decoder layer, then the root (in place), under ``mp_policy``, with
+    the shards in CPU memory when ``cpu_offload``."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     kwargs["mp_policy"] = mp_policy or MixedPrecisionPolicy()
+    kwargs["offload_policy"] = offload_policy(cpu_offload, device)
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -89,7 +112,8 @@ class Fsdp2Engine(RankedEngine):
     """:class:`~zbrl.training.engine.base.Engine` over FSDP2 in an initialised process group.
 
     ``policy`` (float32, the master weights) and ``reference`` (sharded the same way, forward
-    only) must be on ``device``; both compute in ``compute_dtype``.
+    only) must be on ``device``; both compute in ``compute_dtype``. With ``cpu_offload`` both
+    keep their shards in CPU memory (the optimizer state of the policy too).
     :meth:`state_dict` / :meth:`load_state_dict` are collectives and use *full* states on rank 0
     (independent of the number of ranks; see their docstrings).
     """
@@ -103,16 +127,18 @@ class Fsdp2Engine(RankedEngine):
         device: torch.device | str = "cpu",
         reshard_after_forward: bool = True,
         compute_dtype: torch.dtype = torch.float32,
+        cpu_offload: bool = False,
     ) -> None:
         self.compute_dtype = check_compute_dtype(compute_dtype)
         check_master(policy, "policy")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
+        self.cpu_offload = cpu_offload
         mp_policy = mixed_precision(self.compute_dtype)
-        shard_model(policy, self.device, reshard_after_forward, mp_policy)
+        shard_model(policy, self.device, reshard_after_forward, mp_policy, cpu_offload)
         if reference is not None:
-            shard_model(reference, self.device, reshard_after_forward, mp_policy)
+            shard_model(reference, self.device, reshard_after_forward, mp_policy, cpu_offload)
         self.policy = policy
         self.reference = reference
         self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
