@@ -167,6 +167,7 @@ def build_engine(
             reshard_after_forward=engine.reshard_after_forward,
             compute_dtype=dtype,
             cpu_offload=engine.cpu_offload,
+            context_parallel_size=engine.context_parallel_size,
         )
     optimizer, scheduler = make_optimizer(trainable_parameters(policy))
     critic, critic_optimizer = build_critic(cfg, model_dir, device)

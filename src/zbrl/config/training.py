@@ -76,7 +76,8 @@ class TrainingConfig(Section):
     on top of its cached keys and values (the gradient flows through the cache), instead of G
     full prompt + response rows: the same log-probs and gradients, with the prompt's work done
     once per group (docs/performance.md). With ``algorithm.critic`` set every pass takes full
-    rows (the value model does not take a cache)."""
+    rows (the value model does not take a cache), and so it does under context parallelism
+    (``training.engine.context_parallel_size`` > 1, docs/scaling.md)."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps; None runs until the data ends."""
     logprob_chunk_size: int = Field(default=1024, ge=1)

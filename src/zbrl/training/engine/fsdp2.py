@@ -23,6 +23,12 @@ root, so parameters, gradients and optimizer state are split over the ranks.
   the CPU. The device then holds only the gathered layers in flight and the activations. The
   math is unchanged (``tests/unit/test_fsdp2_offload.py``). Host memory is pinned on GPUs (faster
   copies); on CPU the policy changes placement of nothing.
+- Context parallelism (``context_parallel_size`` = C > 1, :mod:`.context_parallel`): groups of C
+  consecutive ranks share one data-parallel slice of each step's groups, each rank running 1/C of
+  every row's tokens, attention exchanging heads all-to-all (the model's ``attn_implementation``
+  becomes :data:`~.context_parallel.ULYSSES`). FSDP2 still shards over, and averages over, all
+  ranks: one 1-D mesh; the loss scaling by ``world_size`` stays exact (see that module). Full rows
+  only (the shared-prompt layout is turned off by ``zbrl.assembly.settings``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,12 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from zbrl.training.engine.context_parallel import (
+    ULYSSES,
+    check_heads,
+    context_parallel_groups,
+    register_ulysses,
+)
 from zbrl.training.engine.ddp import OptimizerFactory
 from zbrl.training.engine.precision import MASTER_DTYPE, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
@@ -113,7 +125,9 @@ class Fsdp2Engine(RankedEngine):
 
     ``policy`` (float32, the master weights) and ``reference`` (sharded the same way, forward
     only) must be on ``device``; both compute in ``compute_dtype``. With ``cpu_offload`` both
-    keep their shards in CPU memory (the optimizer state of the policy too).
+    keep their shards in CPU memory (the optimizer state of the policy too). With
+    ``context_parallel_size`` > 1 (a divisor of the world size and of the model's attention
+    heads) both attend with Ulysses over groups of that many consecutive ranks.
     :meth:`state_dict` / :meth:`load_state_dict` are collectives and use *full* states on rank 0
     (independent of the number of ranks; see their docstrings).
     """
@@ -128,6 +142,7 @@ class Fsdp2Engine(RankedEngine):
         reshard_after_forward: bool = True,
         compute_dtype: torch.dtype = torch.float32,
         cpu_offload: bool = False,
+        context_parallel_size: int = 1,
     ) -> None:
         self.compute_dtype = check_compute_dtype(compute_dtype)
         check_master(policy, "policy")
@@ -135,6 +150,13 @@ class Fsdp2Engine(RankedEngine):
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
         self.cpu_offload = cpu_offload
+        if context_parallel_size > 1:
+            check_heads(policy.config, context_parallel_size)
+            self.sequence = context_parallel_groups(context_parallel_size)
+            register_ulysses()
+            for model in (policy, reference):
+                if model is not None:
+                    model.set_attn_implementation(ULYSSES)
         mp_policy = mixed_precision(self.compute_dtype)
         shard_model(policy, self.device, reshard_after_forward, mp_policy, cpu_offload)
         if reference is not None:
@@ -152,7 +174,24 @@ class Fsdp2Engine(RankedEngine):
         return nullcontext()  # every micro-batch reduce-scatters (see the module docstring)
 
     def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
-        return inputs.logits(self.policy)
+        return self._logits(self.policy, inputs)
+
+    def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        if self.sequence is None or self.reference is None:
+            return super().reference_logits(inputs)
+        with torch.no_grad():
+            return self._logits(self.reference, inputs)
+
+    def _logits(self, model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
+        """Whole rows' logits, or this rank's part under context parallelism."""
+        if self.sequence is None:
+            return inputs.logits(model)
+        if inputs.prompts is not None:
+            raise ValueError(
+                "context parallelism takes full rows, not the shared-prompt layout "
+                "(training.share_prompts is turned off under context_parallel_size > 1)"
+            )
+        return self.sequence.logits(model, inputs.input_ids_BT)
 
     def _forward_context(self) -> AbstractContextManager[Any]:
         return nullcontext()  # the mixed-precision policy casts at module boundaries
