@@ -1,9 +1,10 @@
 """FSDP2 with CPU offload (``training.engine.cpu_offload``) trains exactly like FSDP2 without it:
 2 spawned gloo ranks, the same batch (gradient accumulation over uneven micro-batches, the KL
-reference), the same gradients, metrics and updated weights; the offload policy is really applied
-to every sharded module and the optimizer state lives on the CPU; the gathered weights (what is
-published and checkpointed) and a saved checkpoint come out of the offloaded engine. On a CPU
-machine offload moves nothing, so equality is exact up to float32 summation order."""
+reference), the same gradients, metrics and updated weights, in float32 and with bfloat16
+compute; the offload policy is really applied to every sharded module and the optimizer state
+lives on the CPU; the gathered weights (what is published and checkpointed) and a saved
+checkpoint come out of the offloaded engine. On a CPU machine offload moves nothing, so equality
+is exact up to float32 summation order."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # one FSDP2 pair: ~20
 
 STEP = ("training.train_microbatch_size=2", "algorithm.lr=1e-4", "algorithm.beta=0.1")
 OFFLOAD = "training.engine.cpu_offload=true"
+BF16 = "model.dtype=bfloat16"  # FSDP2's mixed-precision policy with offload
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +27,8 @@ def results(tiny_model_dir, tmp_path_factory):
     cases = [
         Case("plain", STEP, 3, seed=5),
         Case("offload", (*STEP, OFFLOAD), 3, seed=5),
+        Case("plain-bf16", (*STEP, BF16), 3, seed=5),
+        Case("offload-bf16", (*STEP, BF16, OFFLOAD), 3, seed=5),
         Case(
             "offload-resume",
             (*STEP, OFFLOAD),
@@ -42,8 +46,9 @@ def _assert_dicts_close(got, want, atol, what):
         torch.testing.assert_close(got[name], ref, atol=atol, rtol=0, msg=f"{what}: {name}")
 
 
-def test_offloaded_step_equals_the_plain_step(results, tiny_model_dir):
-    got, want = results[0]["offload"], results[0]["plain"]
+@pytest.mark.parametrize("precision", ["", "-bf16"], ids=["float32", "bfloat16"])
+def test_offloaded_step_equals_the_plain_step(results, tiny_model_dir, precision):
+    got, want = results[0][f"offload{precision}"], results[0][f"plain{precision}"]
     assert len(got["grads"]) == len(want["grads"]) == 1  # one optimizer step
     for g, w in zip(got["grads"], want["grads"], strict=True):
         _assert_dicts_close(g, w, 1e-6, "offloaded gradient")
