@@ -69,6 +69,29 @@ def full_grads(engine: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def fsdp2_placement(engine: Any) -> dict[str, Any]:
+    """Where an FSDP2 engine keeps its state: the offload policy of every sharded module (read
+    from FSDP2's own per-module state, which has no public getter) and the devices of the
+    parameter shards, their gradients and the optimizer state."""
+    from torch.distributed.fsdp import FSDPModule
+
+    policies = {
+        type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+        for m in engine.policy.modules()
+        if isinstance(m, FSDPModule)
+    }
+    params = list(engine.policy.parameters())
+    optimizer_state = [
+        t for state in engine.optimizer.state.values() for t in state.values() if t.dim() > 0
+    ]
+    return {
+        "offload_policies": sorted(policies),
+        "param_devices": sorted({str(p.to_local().device) for p in params}),
+        "optimizer_state_devices": sorted({str(t.to_local().device) for t in optimizer_state}),
+        "optimizer_state_tensors": len(optimizer_state),
+    }
+
+
 def run_case(case: Case, engine_type: str, world_size: int, model_dir: Path) -> dict[str, Any]:
     """Build the engine of ``engine_type`` from the config of ``case`` and train one batch;
     returns (on rank 0) the gradients of each optimizer step, the metrics and the weights
@@ -101,6 +124,8 @@ def run_case(case: Case, engine_type: str, world_size: int, model_dir: Path) -> 
     metrics = trainer.train(make_groups(case, vocab))
     weights = engine.full_state_dict()
     out = {"grads": grads, "metrics": metrics, "weights": weights, "rank": engine.rank}
+    if engine_type == "fsdp2":
+        out["placement"] = fsdp2_placement(engine)
     if "checkpoint_dir" in case.extra:
         out.update(_checkpoint_and_resume(case, cfg, model_dir, trainer, vocab))
     return out

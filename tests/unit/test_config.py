@@ -194,6 +194,14 @@ def test_override_without_equals_is_an_error():
             ["launch.num_consumers=2", "training.engine=ddp", "launch.consumer_num_gpus=2"],
             ["launch.consumer_num_gpus=1"],
         ),
+        (
+            [
+                "launch.num_consumers=2",
+                "training.engine=fsdp2",
+                "training.engine.context_parallel_size=4",
+            ],
+            ["context_parallel_size=4 must divide launch.num_consumers (2)"],
+        ),
         (["launch.parallel.tp_size=2"], ["tp_size", "not supported", "training.engine=fsdp2"]),
         (["launch.parallel.dp_size=2"], ["launch.parallel was replaced", "launch.num_consumers"]),
     ],
@@ -290,3 +298,18 @@ def test_eval_command_takes_its_defaults_from_the_config():
     cfg = load_config(None, eval_overrides(given))
     assert (cfg.eval.num_samples, cfg.eval.temperature) == (4, 0.0)
     assert cfg.eval.batch_size == RunConfig().eval.batch_size
+
+
+def test_context_parallel_batch_divides_by_data_parallel_slices():
+    """Groups of context_parallel_size consumers share one slice: 4 consumers in groups of 2
+    train 2 slices, so a batch of 6 groups is fine and one of 5 names the slices."""
+    base = ["launch.num_consumers=4", "training.engine=fsdp2"]
+    cfg = load_config(
+        None, [*base, "training.engine.context_parallel_size=2", "training.train_batch_size=6"]
+    )
+    assert cfg.training.engine.context_parallel_size == 2
+    with pytest.raises(ConfigError, match=r"not divisible by the 2 data-parallel slices"):
+        load_config(
+            None,
+            [*base, "training.engine.context_parallel_size=2", "training.train_batch_size=5"],
+        )

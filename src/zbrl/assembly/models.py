@@ -138,15 +138,18 @@ def build_engine(
 
     device = device_of(cfg)
     dtype = compute_dtype(cfg)
-    policy = load_trained_policy(cfg, model_dir).to(device)
+    engine = cfg.training.engine
+    # offloaded shards live on the CPU: FSDP2 moves one layer at a time to the device to shard it,
+    # so the whole model never has to fit there
+    placement = "cpu" if engine.type == "fsdp2" and engine.cpu_offload else device
+    policy = load_trained_policy(cfg, model_dir).to(placement)
     reference = None
     if cfg.algorithm.beta > 0:
         if reference_dir is None:  # the policy's own weights (a LoRA checkpoint's base)
             reference_dir = base_dir_of_policy(model_dir)
-        reference = load_policy(cfg, reference_dir, dtype).to(device).eval()
+        reference = load_policy(cfg, reference_dir, dtype).to(placement).eval()
         reference.requires_grad_(False)
     make_optimizer = optimizer_factory(cfg, total_steps)
-    engine = cfg.training.engine
     if engine.type == "ddp":
         from zbrl.training.engine.ddp import DdpEngine
 
@@ -163,6 +166,8 @@ def build_engine(
             device=device,
             reshard_after_forward=engine.reshard_after_forward,
             compute_dtype=dtype,
+            cpu_offload=engine.cpu_offload,
+            context_parallel_size=engine.context_parallel_size,
         )
     optimizer, scheduler = make_optimizer(trainable_parameters(policy))
     critic, critic_optimizer = build_critic(cfg, model_dir, device)

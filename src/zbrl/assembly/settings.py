@@ -148,6 +148,12 @@ def critic_settings(cfg: RunConfig) -> CriticSettings | None:
     )
 
 
+def context_parallel(cfg: RunConfig) -> bool:
+    """Whether consumers split each row's tokens (``training.engine.context_parallel_size``)."""
+    engine = cfg.training.engine
+    return engine.type == "fsdp2" and engine.context_parallel_size > 1
+
+
 def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
     a = cfg.algorithm
     critic = critic_settings(cfg)
@@ -160,8 +166,11 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         micro=MicroBatching(
             size=cfg.training.train_microbatch_size,
             tokens=cfg.training.train_microbatch_tokens,
-            # the critic's value model takes full rows (documented on the field)
-            share_prompts=cfg.training.share_prompts and critic is None,
+            # the critic's value model and context parallelism take full rows (documented on
+            # the field)
+            share_prompts=cfg.training.share_prompts
+            and critic is None
+            and not context_parallel(cfg),
         ),
         filter_truncated=a.filter_truncated_response,
         loss_filter_range=None if a.dynamic_batching else a.filter_range,

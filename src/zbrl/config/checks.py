@@ -80,7 +80,18 @@ def check_train_batching(cfg: RunSections) -> None:
             f"choose a divisor of {rows}"
         )
     consumers = cfg.launch.num_consumers
-    if t.train_batch_size % consumers:
+    context = getattr(t.engine, "context_parallel_size", 1)
+    if context > 1 and consumers % context == 0:  # groups of `context` consumers share a slice
+        slices = consumers // context
+        if t.train_batch_size % slices:
+            raise ValueError(
+                f"training.train_batch_size ({t.train_batch_size}) is not divisible by the "
+                f"{slices} data-parallel slices (launch.num_consumers={consumers} / "
+                f"training.engine.context_parallel_size={context}); each slice trains an equal "
+                f"part of every step's batch: pick a train_batch_size that is a multiple of "
+                f"{slices}"
+            )
+    elif t.train_batch_size % consumers:
         raise ValueError(
             f"training.train_batch_size ({t.train_batch_size}) is not divisible by "
             f"launch.num_consumers ({consumers}); each consumer trains an equal slice of every "
@@ -180,6 +191,12 @@ def check_engine(cfg: RunSections) -> None:
         raise ValueError(
             "training.engine=fsdp2 shards the model over the consumers, but launch.num_consumers "
             "is 1: set launch.num_consumers >= 2, or use training.engine=single"
+        )
+    if engine.type == "fsdp2" and consumers % engine.context_parallel_size:
+        raise ValueError(
+            f"training.engine.context_parallel_size={engine.context_parallel_size} must divide "
+            f"launch.num_consumers ({consumers}): each group of that many consumers shares one "
+            "data-parallel slice of the batch; choose a divisor, or add consumers"
         )
     backend = getattr(engine, "backend", None)
     gpus = cfg.launch.consumer_num_gpus

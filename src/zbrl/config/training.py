@@ -43,6 +43,13 @@ class Fsdp2Engine(Section):
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward (less memory, one more
     all-gather in the backward)."""
+    cpu_offload: bool = False
+    """Keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
+    CPUOffloadPolicy): each layer's shard is copied to the device for its forward and backward
+    and the optimizer steps on the CPU. Trades step time for device memory (docs/scaling.md)."""
+    context_parallel_size: int = Field(default=1, ge=1)
+    """Consumers that split each sequence's tokens between them (Ulysses sequence parallelism:
+    attention heads are exchanged all-to-all); must divide ``launch.num_consumers``. 1: off."""
 
 
 EngineConfig = plugin_union(SingleEngine, DdpEngine, Fsdp2Engine)
@@ -69,7 +76,8 @@ class TrainingConfig(Section):
     on top of its cached keys and values (the gradient flows through the cache), instead of G
     full prompt + response rows: the same log-probs and gradients, with the prompt's work done
     once per group (docs/performance.md). With ``algorithm.critic`` set every pass takes full
-    rows (the value model does not take a cache)."""
+    rows (the value model does not take a cache), and so it does under context parallelism
+    (``training.engine.context_parallel_size`` > 1, docs/scaling.md)."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps; None runs until the data ends."""
     logprob_chunk_size: int = Field(default=1024, ge=1)

@@ -17,8 +17,6 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from zbrl.algorithms.aggregation import Normalisers
-
 GROUP_TIMEOUT_S = 600.0
 """How long a collective (and the rendezvous) waits for the slowest rank before failing. A rank
 that dies mid-step is reported by the driver long before this; the bound only stops a stuck group
@@ -104,9 +102,3 @@ def all_reduce_floats(
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t.tolist()
-
-
-def reduce_normalisers(norm: Normalisers, device: torch.device) -> Normalisers:
-    """The whole step's normalisers from this rank's counts (SUM over ranks)."""
-    tokens, seqs = all_reduce_floats([norm.tokens, norm.seqs], "sum", device)
-    return Normalisers(tokens=tokens, seqs=seqs, norm_tokens=norm.norm_tokens)

@@ -106,7 +106,7 @@ class Trainer:
         minibatches: list[tuple[list[Row], int]] = []  # this rank's rows, micro-batches to run
         for start in range(0, len(groups), per_minibatch):
             chunk = groups[start : start + per_minibatch]
-            mine = rank_slice(len(chunk), engine.rank, engine.world_size)
+            mine = rank_slice(len(chunk), engine.data_rank, engine.data_parallel_size)
             rows = build_rows(
                 chunk[mine],
                 advantages_BG[start : start + per_minibatch][mine],
@@ -114,7 +114,7 @@ class Trainer:
                 loss_filter_range=s.loss_filter_range,
                 trained_version=policy_version,
             )
-            count = micro_batch_count(chunk, engine.world_size, s.micro)
+            count = micro_batch_count(chunk, engine.data_parallel_size, s.micro)
             minibatches.append((rows, count))
         self._check_versions(policy_version)
         metrics = self._step_start([row for rows, _ in minibatches for row in rows])
@@ -151,7 +151,7 @@ class Trainer:
         annotate_step_start(
             self.engine,
             rows,
-            lambda logits, targets, temps: self._logprobs(logits, targets, temps)[0],
+            lambda logits, targets, temps: self._token_logprobs(logits, targets, temps)[0],
             batching=s.micro,
             pad_id=s.pad_id,
             proximal=s.loss.correction == "decoupled" and s.proximal == "recompute",
@@ -207,12 +207,12 @@ class Trainer:
         inputs = mb.model_inputs().to(dev)
         targets = mb.targets_BT.to(dev)
         logits = self.engine.policy_logits(inputs)
-        logp, entropy = self._logprobs(logits, targets, mb.temperatures_B)
+        logp, entropy = self._token_logprobs(logits, targets, mb.temperatures_B)
         ref_logp = None
         if s.loss.beta > 0:
             with torch.no_grad():
                 ref_logits = self.engine.reference_logits(inputs)
-                ref_logp, _ = self._logprobs(ref_logits, targets, mb.temperatures_B)
+                ref_logp, _ = self._token_logprobs(ref_logits, targets, mb.temperatures_B)
         if s.loss.entropy_coef == 0 and entropy is not None:
             entropy = entropy.detach()
         old_logp = mb.old_logprobs_BT.to(dev)
@@ -262,6 +262,17 @@ class Trainer:
         )
         self.engine.critic_backward(loss)
         return {name: float(v) for name, v in metrics.items()}
+
+    def _token_logprobs(
+        self, logits_BSV: torch.Tensor, targets_BT: torch.Tensor, temperatures_B: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of whole rows ``[B, T]`` from the engine's logits, which
+        under context parallelism cover only this rank's tokens (:meth:`Engine.local_tokens`)."""
+        engine = self.engine
+        width = targets_BT.shape[1]
+        logp, entropy = self._logprobs(logits_BSV, engine.local_tokens(targets_BT), temperatures_B)
+        entropy = None if entropy is None else engine.gather_tokens(entropy, width)
+        return engine.gather_tokens(logp, width), entropy
 
     def _logprobs(
         self, logits_BTV: torch.Tensor, targets_BT: torch.Tensor, temperatures_B: torch.Tensor

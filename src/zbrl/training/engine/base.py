@@ -23,6 +23,12 @@ An engine may also own a critic (PPO's value model) and its optimizer (:attr:`ha
 ``zero_grad`` clears both, the step calls :meth:`critic_values` and :meth:`critic_backward` in the
 same micro-batches and :meth:`critic_clip_and_step` after the policy's step. Only the
 single-process engine has one so far (a config check refuses a critic on other engines).
+
+Under context parallelism (the FSDP2 engine's ``context_parallel_size`` > 1) a group of ranks
+shares one data-parallel slice of the batch and each rank's logits cover only its part of every
+row's tokens: the step takes the matching part of the targets (:meth:`Engine.local_tokens`),
+computes log-probs there and gathers them back to whole rows (:meth:`Engine.gather_tokens`), so
+the loss and the metrics see whole rows on every rank. Without it both are the identity.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ class Engine(Protocol):
     """This process's rank in the training group (0 for a single process)."""
     world_size: int
     """Processes training the same policy together (1 for a single process)."""
+    data_rank: int
+    """Which slice of each optimizer step's groups this process trains (``rank``, except under
+    context parallelism, where a group of ranks shares one slice)."""
+    data_parallel_size: int
+    """Slices each optimizer step's groups are cut into (``world_size`` / context-parallel
+    size)."""
     device: torch.device
     """Where micro-batch tensors go before the forward pass."""
     compute_dtype: torch.dtype
@@ -84,6 +96,17 @@ class Engine(Protocol):
         when there is none."""
         ...
 
+    def local_tokens(self, targets_BT: torch.Tensor) -> torch.Tensor:
+        """The part of per-token ``targets_BT`` that this rank's logits are aligned with (all of
+        it, except under context parallelism: ``[B, S]``, this rank's positions, zero-padded)."""
+        ...
+
+    def gather_tokens(self, part_BS: torch.Tensor, width: int) -> torch.Tensor:
+        """Whole rows ``[B, width]`` of a per-token result computed on :meth:`local_tokens`
+        (identity without context parallelism; else a collective of the group, whose gradient
+        flows back to this rank's part)."""
+        ...
+
     def critic_values(self, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor) -> torch.Tensor:
         """Critic values ``[B, T]`` float32 (aligned like logits), with grad; ValueError when
         there is no critic."""
@@ -106,13 +129,15 @@ class Engine(Protocol):
 
     def reduce_normalisers(self, norm: Normalisers) -> Normalisers:
         """Global normalisers from this rank's counts of one optimizer step (identity for one
-        process; data-parallel engines all-reduce ``tokens`` and ``seqs`` with SUM). A collective:
-        every rank calls it once per optimizer step."""
+        process; data-parallel engines all-reduce ``tokens`` and ``seqs`` with SUM, counting each
+        data-parallel slice once). A collective: every rank calls it once per optimizer step."""
         ...
 
     def all_reduce(self, values: list[float], op: Literal["sum", "max"]) -> list[float]:
-        """``values`` reduced element-wise over the ranks (identity for one process): how the
-        step's metrics are combined. A collective: every rank passes the same number of values."""
+        """``values`` reduced element-wise over the data-parallel slices (identity for one
+        process; the ranks of a context-parallel group hold the same values and count once):
+        how the step's metrics are combined. A collective of every rank (so also a barrier):
+        every rank passes the same number of values."""
         ...
 
     def current_lr(self) -> float:

@@ -16,6 +16,19 @@ root, so parameters, gradients and optimizer state are split over the ranks.
   all-gathers the parameters in it (``param_dtype``) and reduce-scatters gradients in float32
   (``reduce_dtype``), so the optimizer sees float32 gradients. Full weights are gathered in
   float32.
+- CPU offload (``cpu_offload``): FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters, their
+  gradients and (since the optimizer is built over those parameters) the optimizer state in CPU
+  memory; each layer's shard is copied to the device for its all-gather in the forward and the
+  backward, its gradient shard comes back after the reduce-scatter, and the optimizer steps on
+  the CPU. The device then holds only the gathered layers in flight and the activations. The
+  math is unchanged (``tests/unit/test_fsdp2_offload.py``). Host memory is pinned on GPUs (faster
+  copies); on CPU the policy changes placement of nothing.
+- Context parallelism (``context_parallel_size`` = C > 1, :mod:`.context_parallel`): groups of C
+  consecutive ranks share one data-parallel slice of each step's groups, each rank running 1/C of
+  every row's tokens, attention exchanging heads all-to-all (the model's ``attn_implementation``
+  becomes :data:`~.context_parallel.ULYSSES`). FSDP2 still shards over, and averages over, all
+  ranks: one 1-D mesh; the loss scaling by ``world_size`` stays exact (see that module). Full rows
+  only (the shared-prompt layout is turned off by ``zbrl.assembly.settings``).
 """
 
 from __future__ import annotations
@@ -34,9 +47,20 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
+from zbrl.training.engine.context_parallel import (
+    ULYSSES,
+    check_heads,
+    context_parallel_groups,
+    register_ulysses,
+)
 from zbrl.training.engine.ddp import OptimizerFactory
 from zbrl.training.engine.precision import MASTER_DTYPE, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
@@ -70,16 +94,27 @@ def mixed_precision(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=MASTER_DTYPE)
 
 
+def offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
+    """FSDP2's CPU offload (pinned host memory when the device is a GPU), or its no-offload
+    default."""
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+
+
 def shard_model(
     model: torch.nn.Module,
     device: torch.device,
     reshard_after_forward: bool,
     mp_policy: MixedPrecisionPolicy | None = None,
+    cpu_offload: bool = False,
 ) -> None:
-    """``fully_shard`` each decoder layer, then the root (in place), under ``mp_policy``."""
+    """``fully_shard`` each decoder layer, then the root (in place), under ``mp_policy``, with
+    the shards in CPU memory when ``cpu_offload``."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     kwargs["mp_policy"] = mp_policy or MixedPrecisionPolicy()
+    kwargs["offload_policy"] = offload_policy(cpu_offload, device)
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -89,7 +124,10 @@ class Fsdp2Engine(RankedEngine):
     """:class:`~zbrl.training.engine.base.Engine` over FSDP2 in an initialised process group.
 
     ``policy`` (float32, the master weights) and ``reference`` (sharded the same way, forward
-    only) must be on ``device``; both compute in ``compute_dtype``.
+    only) must be on ``device``; both compute in ``compute_dtype``. With ``cpu_offload`` both
+    keep their shards in CPU memory (the optimizer state of the policy too). With
+    ``context_parallel_size`` > 1 (a divisor of the world size and of the model's attention
+    heads) both attend with Ulysses over groups of that many consecutive ranks.
     :meth:`state_dict` / :meth:`load_state_dict` are collectives and use *full* states on rank 0
     (independent of the number of ranks; see their docstrings).
     """
@@ -103,16 +141,26 @@ class Fsdp2Engine(RankedEngine):
         device: torch.device | str = "cpu",
         reshard_after_forward: bool = True,
         compute_dtype: torch.dtype = torch.float32,
+        cpu_offload: bool = False,
+        context_parallel_size: int = 1,
     ) -> None:
         self.compute_dtype = check_compute_dtype(compute_dtype)
         check_master(policy, "policy")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
+        self.cpu_offload = cpu_offload
+        if context_parallel_size > 1:
+            check_heads(policy.config, context_parallel_size)
+            self.sequence = context_parallel_groups(context_parallel_size)
+            register_ulysses()
+            for model in (policy, reference):
+                if model is not None:
+                    model.set_attn_implementation(ULYSSES)
         mp_policy = mixed_precision(self.compute_dtype)
-        shard_model(policy, self.device, reshard_after_forward, mp_policy)
+        shard_model(policy, self.device, reshard_after_forward, mp_policy, cpu_offload)
         if reference is not None:
-            shard_model(reference, self.device, reshard_after_forward, mp_policy)
+            shard_model(reference, self.device, reshard_after_forward, mp_policy, cpu_offload)
         self.policy = policy
         self.reference = reference
         self.optimizer, self.scheduler = optimizer_factory(policy.parameters())
@@ -126,7 +174,24 @@ class Fsdp2Engine(RankedEngine):
         return nullcontext()  # every micro-batch reduce-scatters (see the module docstring)
 
     def policy_logits(self, inputs: ModelInputs) -> torch.Tensor:
-        return inputs.logits(self.policy)
+        return self._logits(self.policy, inputs)
+
+    def reference_logits(self, inputs: ModelInputs) -> torch.Tensor:
+        if self.sequence is None or self.reference is None:
+            return super().reference_logits(inputs)
+        with torch.no_grad():
+            return self._logits(self.reference, inputs)
+
+    def _logits(self, model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
+        """Whole rows' logits, or this rank's part under context parallelism."""
+        if self.sequence is None:
+            return inputs.logits(model)
+        if inputs.prompts is not None:
+            raise ValueError(
+                "context parallelism takes full rows, not the shared-prompt layout "
+                "(training.share_prompts is turned off under context_parallel_size > 1)"
+            )
+        return self.sequence.logits(model, inputs.input_ids_BT)
 
     def _forward_context(self) -> AbstractContextManager[Any]:
         return nullcontext()  # the mixed-precision policy casts at module boundaries

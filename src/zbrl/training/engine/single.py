@@ -26,6 +26,8 @@ class SingleProcessEngine:
 
     rank = 0
     world_size = 1
+    data_rank = 0
+    data_parallel_size = 1
 
     def __init__(
         self,
@@ -98,6 +100,12 @@ class SingleProcessEngine:
 
     def _autocast(self):
         return autocast(self.device, self.compute_dtype)
+
+    def local_tokens(self, targets_BT: torch.Tensor) -> torch.Tensor:
+        return targets_BT
+
+    def gather_tokens(self, part_BS: torch.Tensor, width: int) -> torch.Tensor:
+        return part_BS
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
