@@ -90,7 +90,7 @@ def _check_learned(cfg: RunConfig) -> None:
         if rw.check_at_start:
             from zbrl.rewards.http import RemoteRewardError
 
-            reward = _http(rw)
+            reward = _http(rw, None)
             try:
                 reward.check()
             except RemoteRewardError as exc:
@@ -120,7 +120,7 @@ def _learned_dir(cfg: RunConfig, spec: str, field: str) -> Any:
     return resolve(spec, cfg.logging.cache_dir, field=field, verbose=False)
 
 
-def _http(rw: HttpReward) -> Any:
+def _http(rw: HttpReward, verifier: RewardFunction | None) -> Any:
     from zbrl.rewards.http import RemoteHttpReward
 
     return RemoteHttpReward(
@@ -128,10 +128,10 @@ def _http(rw: HttpReward) -> Any:
         batch_size=rw.batch_size,
         max_concurrency=rw.max_concurrency,
         timeout_s=rw.timeout_s,
-        retries=rw.retries,
         backoff_s=rw.backoff_s,
+        max_backoff_s=rw.max_backoff_s,
         headers=rw.headers,
-        failure_reward=rw.failure_reward,
+        verifier=verifier,
     )
 
 
@@ -157,43 +157,17 @@ def _learned(cfg: RunConfig, scorer: Any) -> RewardFunction:
     assert isinstance(rw, LearnedRewardBase)
     verifier = build_reward(rw.verifier) if rw.verifier is not None else None
     if isinstance(rw, HttpReward):
-        http = _http(rw)
-        if verifier is None:
-            return http
-        from zbrl.rewards.reward_model import ClassifierReward
-
-        return ClassifierReward(
-            _HttpScorer(http), timeout_s=rw.timeout_s + 1.0, failure_reward=rw.failure_reward,
-            verifier=verifier, label="http",
-        )  # fmt: skip
+        return _http(rw, verifier)
     if isinstance(rw, RewardModelReward):
         from zbrl.rewards.reward_model import ClassifierReward
 
         return ClassifierReward(
             scorer if scorer is not None else reward_model_scorer(cfg),
             timeout_s=rw.timeout_s,
-            failure_reward=rw.failure_reward,
             verifier=verifier,
         )
     assert isinstance(rw, LlmJudgeReward)
     return _judge(cfg, rw, verifier)
-
-
-class _HttpScorer:
-    """An HTTP reward as a pair scorer (so a verifier can set its accuracy metrics)."""
-
-    def __init__(self, http: Any) -> None:
-        self.http = http
-
-    def score(self, prompts: list[Any], responses: list[str]) -> list[float]:
-        from zbrl.rewards.base import RewardContext
-
-        ctx = RewardContext(response_tokens=0, max_new_tokens=0)
-        examples = [{"messages": p} for p in prompts]
-        results = self.http.score_batch(responses, examples, [ctx] * len(responses))
-        if any(r.timed_out for r in results):
-            raise RuntimeError(results[0].metadata.get("reward_error", "service failed"))
-        return [r.reward for r in results]
 
 
 def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) -> RewardFunction:
@@ -214,8 +188,7 @@ def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) 
     )  # fmt: skip
     return JudgeReward(
         backend, tokenizer, sampling, template=rw.template, parser=rw.parser,
-        batch_size=rw.batch_size, timeout_s=rw.timeout_s, failure_reward=rw.failure_reward,
-        verifier=verifier,
+        batch_size=rw.batch_size, timeout_s=rw.timeout_s, verifier=verifier,
     )  # fmt: skip
 
 

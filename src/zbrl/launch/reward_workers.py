@@ -5,8 +5,8 @@ Each worker loads the model once, on a GPU when ``reward.worker_num_gpus`` > 0, 
 is placed by Ray with ``reward.worker_num_cpus`` / ``worker_num_gpus`` (no placement group: Ray
 puts it where those resources are free). A producer sends every batch, whole, to the next worker
 in turn (:class:`RayRewardScorer`); the reward's own deadline (``reward.timeout_s``) bounds the
-wait, and a batch whose worker is dead or late scores ``reward.failure_reward``, counted in the
-producer's ``reward_timeouts``.
+wait, and a batch whose worker is dead or late has no score: its responses are failed results,
+their groups are dropped and counted (``reward_failed``), never trained.
 
 A worker whose process dies is restarted by Ray (``max_restarts``: its handle stays valid, the
 producers keep sending to it), up to ``reward.worker_max_restarts`` times; the driver's supervisor

@@ -70,6 +70,7 @@ class CombinedReward(BaseReward):
                     ans_acc=primary.ans_acc,
                     parsed=primary.parsed,
                     timed_out=any(part.timed_out for part in parts),
+                    failed=any(part.failed for part in parts),
                     metadata={
                         "component_rewards": {
                             key: part.reward for key, part in zip(self.keys, parts)
