@@ -26,7 +26,7 @@ from zbrl.config import (
     UserReward,
 )
 from zbrl.rewards import CombinedReward, LengthShaping, build_reward, build_user_reward
-from zbrl.rewards.answers import ANSWER_SPECS, AnswerSpec
+from zbrl.rewards.answers import ANSWER_SPECS, OPTIONAL_GT_ANSWER, AnswerSpec
 from zbrl.rewards.base import RewardFunction
 from zbrl.rewards.registry import lookup_reward
 
@@ -252,13 +252,46 @@ def _reward_class(cfg: RunConfig) -> Any:
 
 
 def answer_spec(cfg: RunConfig) -> AnswerSpec:
-    """The dataset field the configured reward scores against."""
-    cls = _reward_class(cfg)
-    if cls is not None:
-        return cls.answer
-    if isinstance(cfg.reward, LearnedRewardBase):
-        return ANSWER_SPECS["gt_answer"]
-    return ANSWER_SPECS[cfg.reward.answer_field]
+    """The dataset field the configured reward scores against, its ``needed_by`` naming the
+    reward (the loader's error for a line without it); :data:`OPTIONAL_GT_ANSWER` when no reward
+    needs an answer (a learned or remote reward without a verifier, a user reward with
+    ``answer_field: none``, an environment that scores its episodes itself): open-ended prompts
+    load then. An extra reward that needs an answer needs it on every line too."""
+    rw = cfg.reward
+    env = cfg.environment
+    if env is not None and not env.score_final_turn:
+        spec, who = OPTIONAL_GT_ANSWER, None  # the environment's turn rewards are the score
+    elif isinstance(rw, LearnedRewardBase):
+        if rw.verifier is not None:
+            spec = lookup_reward(rw.verifier).answer
+            who = f"reward.verifier {rw.verifier!r} (the accuracy metrics and evaluations)"
+        else:
+            spec, who = OPTIONAL_GT_ANSWER, None
+    elif isinstance(rw, UserReward):
+        if rw.answer_field == "none":
+            spec, who = OPTIONAL_GT_ANSWER, None
+        else:
+            spec, who = ANSWER_SPECS[rw.answer_field], f"the reward {rw.type!r}"
+    else:
+        spec, who = lookup_reward(rw.type).answer, f"the reward {rw.type!r}"
+    if who is None:
+        for extra in rw.extra:
+            cls = _registered(extra.type)
+            answer = getattr(cls, "answer", None)
+            if isinstance(answer, AnswerSpec) and answer.required:
+                spec, who = answer, f"the extra reward {extra.type!r}"
+                break
+    return spec.needed_by_reward(who) if who is not None else spec
+
+
+def _registered(name: str) -> Any:
+    """The registered reward class (or factory) of ``name``; None for an import path."""
+    if ":" in name:
+        return None
+    try:
+        return lookup_reward(name)
+    except KeyError:
+        return None
 
 
 def default_system_prompt(cfg: RunConfig) -> str | None:

@@ -266,8 +266,10 @@ class UserReward(RewardBase):
     """``package.module:function`` (or ``package.module:RewardClass``)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options passed to the function on every call (or to the class)."""
-    answer_field: Literal["gt_answer", "test_cases"] = "gt_answer"
-    """The dataset field the reward scores against (checked on every line when loading)."""
+    answer_field: Literal["gt_answer", "test_cases", "none"] = "gt_answer"
+    """The dataset field the reward scores against (checked on every line when loading);
+    ``none``: the reward needs no answer (open-ended prompts: lines without ``gt_answer`` load,
+    and a line's ``gt_answer``, when it has one, still reaches the reward)."""
     timeout_s: float | None = Field(default=30.0, gt=0)
     """Deadline of one call: a call that takes longer scores as failed (reward 0, with a warning
     and the ``reward_timeouts`` metric); None runs it in-process without a deadline."""
