@@ -135,10 +135,24 @@ def _http(rw: HttpReward, verifier: RewardFunction | None) -> Any:
     )
 
 
-def reward_model_scorer(cfg: RunConfig, *, device: str = "cpu") -> Any:
-    """The configured reward model loaded in this process (a producer's, or a reward worker's)."""
+def learned_reward_placement(cfg: RunConfig) -> tuple[str, Any]:
+    """(device, torch dtype) of a reward model or judge in a producer's (or the evaluator's)
+    process: the producer's device (``training.device``; ``auto``: CUDA when there is one) in the
+    inference dtype (``rollout.inference_dtype``), as the policy generates there."""
+    from zbrl.assembly.models import device_of, inference_dtype
+
+    return str(device_of(cfg)), inference_dtype(cfg)
+
+
+def reward_model_scorer(cfg: RunConfig, *, device: str | None = None, dtype: Any = None) -> Any:
+    """The configured reward model loaded in this process (a producer's, or a reward worker's):
+    on ``device`` in ``dtype``, by default :func:`learned_reward_placement`'s."""
     from zbrl.rewards.reward_model import RewardModelScorer
 
+    if device is None or dtype is None:
+        here, inference = learned_reward_placement(cfg)
+        device = device if device is not None else here
+        dtype = dtype if dtype is not None else inference
     rw = cfg.reward
     assert isinstance(rw, RewardModelReward)
     tokenizer = rw.tokenizer_path
@@ -149,6 +163,7 @@ def reward_model_scorer(cfg: RunConfig, *, device: str = "cpu") -> Any:
         max_length=rw.max_length,
         normalize=rw.normalize,
         device=device,
+        dtype=dtype,
     )
 
 
@@ -171,8 +186,10 @@ def _learned(cfg: RunConfig, scorer: Any) -> RewardFunction:
 
 
 def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) -> RewardFunction:
-    import torch
-
+    """The judge on the producer's device in the inference dtype
+    (:func:`learned_reward_placement`), generating through the transformers backend (also in a
+    vLLM run: a second vLLM engine in the producer's process would take its own share of GPU
+    memory beside the policy's engine; docs/rewards.md)."""
     from zbrl.assembly.models import load_policy, load_tokenizer
     from zbrl.rewards.llm_judge import JudgeReward
     from zbrl.rollout.backends.base import SamplingParams
@@ -181,7 +198,8 @@ def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) 
     judge_dir = _learned_dir(cfg, rw.path, "reward.path")
     tokenizer = load_tokenizer(cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"chat_template": None, "tokenizer_path": None})}), judge_dir)  # fmt: skip
-    backend = TransformersBackend(load_policy(cfg, judge_dir, torch.float32), tokenizer)
+    device, dtype = learned_reward_placement(cfg)
+    backend = TransformersBackend(load_policy(cfg, judge_dir, dtype), tokenizer, device=device)
     sampling = SamplingParams(
         n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=rw.max_new_tokens,
         stop_strings=(),

@@ -54,7 +54,9 @@ class RewardModelScorer:
         max_length: int = 512,
         normalize: Literal["none", "sigmoid"] = "sigmoid",
         device: str = "cpu",
+        dtype: Any = None,
     ) -> None:
+        """``device`` and ``dtype`` (a torch dtype; None: float32) the model scores on."""
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -66,7 +68,7 @@ class RewardModelScorer:
         self.tokenizer.padding_side = "right"
         self.tokenizer.truncation_side = "left"  # keep the response, drop the prompt's start
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, dtype=torch.float32
+            model_dir, dtype=dtype if dtype is not None else torch.float32
         )
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.to(device).eval()
