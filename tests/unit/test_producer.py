@@ -438,6 +438,33 @@ def test_a_group_whose_reward_failed_is_dropped_counted_and_replaced(rig_factory
     assert rig.buffer.stats.per_reason == {"reward_failed": 1}
 
 
+def test_through_an_http_reward_only_the_failed_requests_group_is_dropped(rig_factory):
+    """The http reward's request for one group fails for good: that group alone is dropped and
+    counted; the others are trained with the service's scores."""
+    from flaky_reward_server import FlakyRewardServer
+    from zbrl.rewards.http import RemoteHttpReward
+
+    def scorer(items):
+        if any(i["gt_answer"] == "1" for i in items):
+            return {"rewards": []}  # malformed: a final error for this request only
+        return {"rewards": [float(i["response"] == i["gt_answer"]) for i in items]}
+
+    service = FlakyRewardServer(scorer)
+    try:
+        rig = rig_factory(num_prompts=4, groups_per_step=3)
+        producer, _, _ = rig.producer(shuffle=False, inference_microbatch_size=2)
+        producer.reward = RemoteHttpReward(service.url, batch_size=G, timeout_s=5)
+        producer.run()
+    finally:
+        service.stop()
+    status, batch = rig.buffer.take(3, 1.0)
+    assert status == "batch"
+    assert sorted(prompt_index(g) for g in batch.groups) == [0, 2, 3]
+    assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in batch.groups)
+    assert rig.buffer.stats.groups_dropped_reward_failed == 1
+    assert rig.buffer.stats.responses_reward_failed == G
+
+
 class ChunkingBackend(StubBackend):
     """With in-flight updates: its generations take two advances, the first sampling one token
     under the version the producer loaded before the start (``between`` runs in it, e.g.
