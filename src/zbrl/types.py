@@ -56,7 +56,11 @@ class RolloutGroup:
     created_at: float = 0.0
     """Wall time when the group was pushed."""
     reward_timeouts: int = 0
-    """Responses whose reward call missed its deadline (scored as failures)."""
+    """Responses whose reward call missed its deadline."""
+    reward_failed: int = 0
+    """Responses whose reward failed (no score: their ``rewards`` entry is NaN). The buffer
+    never trains such a group: it drops it and counts it (``reward_failed`` in the metrics and
+    the run summary)."""
     loss_masks: list[torch.Tensor] | None = None
     """Multi-turn episodes: G bool tensors, each [L_i], True on the tokens the model generated
     (environment tokens are in ``response_ids`` but outside the loss); None: every response
@@ -110,6 +114,7 @@ class RolloutGroup:
             state[key] = list(torch.split(flat, lengths)) if lengths else []
         state.setdefault("episodes", None)
         state.setdefault("env_counts", {})
+        state.setdefault("reward_failed", 0)
         self.__dict__.update(state)
 
     @property

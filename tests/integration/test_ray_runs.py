@@ -159,3 +159,26 @@ def test_resources_the_cluster_cannot_grant_fail_before_any_worker(tmp_path, cac
         match=r"did not grant.*'GPU': 1.0.*producers.*has \{'CPU': \d.*launch.num_producers",
     ):
         run_training(load_config(DEMO, overrides))
+
+
+def test_a_reward_worker_the_cluster_cannot_place_fails_at_start(tmp_path, cache):
+    from zbrl.embedded.reward_model import build_tiny_reward_model, save_reward_model
+    from zbrl.embedded.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_tiny_reward_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)
+    rm_dir = save_reward_model(model, tokenizer, tmp_path / "rm")
+    overrides = [
+        *small_overrides(tmp_path, cache),
+        "reward.type=reward_model",
+        f"reward.path={rm_dir}",
+        "reward.workers=1",
+        "reward.worker_num_gpus=1",  # the local Ray has no GPU
+        "launch.placement_timeout_s=3",
+        "eval.sets={}",
+    ]
+    with pytest.raises(
+        RunError,
+        match=r"did not grant.*1 x \{'CPU': 1.0, 'GPU': 1.0\} \(reward workers\).*reward\.workers",
+    ):
+        run_training(load_config(DEMO, overrides))

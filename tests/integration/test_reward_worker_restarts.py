@@ -70,7 +70,7 @@ def test_a_killed_reward_worker_restarts_is_counted_then_named_past_its_budget(r
             "reward.worker_max_restarts=1",
         ],
     )
-    [worker] = spawn_reward_workers(cfg)
+    [worker] = spawn_reward_workers(cfg, None)
     try:
         scorer = RayRewardScorer([worker], timeout_s=BOUND_S)
         watch = RewardWorkerWatch([worker], max_restarts=1, interval_s=0.0)

@@ -279,3 +279,21 @@ def test_bwrap_backend_without_bubblewrap_fails_when_the_reward_is_built(
     overrides = ["reward.type=code", "reward.sandbox.backend=bwrap"]
     with pytest.raises(SandboxUnavailableError, match=r"reward\.sandbox\.backend=rlimits"):
         build_reward_fn(load_config("recipes/demo.yaml", overrides))
+
+
+def test_a_sandbox_that_fails_to_start_is_a_failure_not_a_wrong_answer(
+    reward: CodeReward, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The program's own failures are scores; the sandbox's are not (issue 30)."""
+    import math
+
+    from zbrl.sandbox import execution
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(execution.subprocess, "Popen", no_process)
+    result = reward.score(fenced(ADD), ADD_EXAMPLE, CTX)
+    assert result.failed and math.isnan(result.reward)
+    assert "cannot start the sandbox" in result.metadata["reward_error"]
+    assert result.metadata["test_statuses"] == ["sandbox_error", "sandbox_error"]

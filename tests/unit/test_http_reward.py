@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from flaky_reward_server import Faults, FlakyRewardServer, length_scorer, reward_scorer
+from zbrl.rewards import http as http_module
 from zbrl.rewards.base import RewardContext
 from zbrl.rewards.http import RemoteHttpReward, RemoteRewardError
 
@@ -79,13 +82,14 @@ def _batch(n: int):
     return responses, examples, [CTX] * n
 
 
-def test_scores_in_batches_and_passes_then_fails_cleanly_when_the_server_stops(server):
-    reward = RemoteHttpReward(server.url, batch_size=3, retries=1, backoff_s=0.01, timeout_s=5)
+def test_scores_in_batches_and_fails_cleanly_when_the_server_stops(server):
+    reward = RemoteHttpReward(server.url, batch_size=3, backoff_s=0.01, timeout_s=5)
     reward.check()
     responses, examples, contexts = _batch(7)
     results = reward.score_batch(responses, examples, contexts)
     assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert [r.ans_acc for r in results] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert not any(r.failed for r in results)
     assert sorted(len(items) for items in server.requests) == [0, 1, 3, 3]  # check + 3 chunks
     assert server.requests[0] == []
     assert any(i["prompt"][0]["content"] == "3+1?" for items in server.requests for i in items)
@@ -94,30 +98,103 @@ def test_scores_in_batches_and_passes_then_fails_cleanly_when_the_server_stops(s
     server.stop()
     with pytest.raises(RemoteRewardError, match=r"127\.0\.0\.1:\d+/score is not usable"):
         reward.check()
-    results = reward.score_batch(responses, examples, contexts)  # during a run: no exception
-    assert [r.reward for r in results] == [0.0] * 7
-    assert all(r.timed_out for r in results)
-    assert reward.failures == 3
+    quick = RemoteHttpReward(server.url, batch_size=3, backoff_s=0.01, timeout_s=0.3)
+    results = quick.score_batch(responses, examples, contexts)  # during a run: no exception
+    assert all(r.failed and math.isnan(r.reward) for r in results)  # never a score
+    assert quick.failures == 3
     assert "cannot connect" in results[0].metadata["reward_error"]
 
 
-def test_retries_with_backoff_after_503(server):
-    server.fail_next = 2
-    reward = RemoteHttpReward(server.url, retries=2, backoff_s=0.05, timeout_s=5)
-    start = time.monotonic()
-    results = reward.score_batch(*_batch(2))
-    assert [r.reward for r in results] == [1.0, 0.0]
-    assert len(server.requests) == 3
-    assert time.monotonic() - start >= 0.05 + 0.1  # waited backoff, then twice that
+def test_every_item_carries_its_gt_answer_and_fields_also_with_a_verifier():
+    from zbrl.assembly.rewards import build_reward_fn
+    from zbrl.config import RunConfig
+
+    flaky = FlakyRewardServer(reward_scorer("think_answer_tags"))
+    try:
+        cfg = RunConfig.model_validate({"reward": {
+            "type": "http", "url": flaky.url, "verifier": "think_answer_tags"}})  # fmt: skip
+        reward = build_reward_fn(cfg)
+        examples = [
+            {"messages": [{"role": "user", "content": "1+1?"}], "gt_answer": "2",
+             "fields": {"level": 3, "topic": "sums"}},
+            {"messages": [{"role": "user", "content": "2+2?"}], "gt_answer": "4", "fields": {}},
+        ]  # fmt: skip
+        responses = ["<think>x</think><answer>2</answer>", "<think>x</think><answer>5</answer>"]
+        results = reward.score_batch(responses, examples, [CTX] * 2)
+        assert [(i["gt_answer"], i["fields"]) for i in flaky.items] == [
+            ("2", {"level": 3, "topic": "sums"}), ("4", {})]  # fmt: skip
+        assert [r.reward for r in results] == [1.0, 0.0]  # the service checked the answers
+        assert [r.ans_acc for r in results] == [1.0, 0.0]  # the verifier's
+    finally:
+        flaky.stop()
 
 
-def test_gives_up_after_its_retries(server):
-    server.fail_next = 10
-    reward = RemoteHttpReward(server.url, retries=1, backoff_s=0.01, failure_reward=-1.0)
-    results = reward.score_batch(*_batch(2))
-    assert [r.reward for r in results] == [-1.0, -1.0]
-    assert len(server.requests) == 2
-    assert "HTTP 503" in results[0].metadata["reward_error"]
+def test_dropped_connections_and_503_are_retried_until_scored():
+    flaky = FlakyRewardServer(
+        reward_scorer("think_answer_tags"), Faults(drop_every=2, fail_every=2)
+    )
+    try:
+        reward = RemoteHttpReward(flaky.url, batch_size=1, backoff_s=0.01, timeout_s=10)
+        responses = [f"<think>x</think><answer>{i + 1}</answer>" for i in range(6)]
+        examples = [{"messages": [], "gt_answer": str(i + 1)} for i in range(6)]
+        results = reward.score_batch(responses, examples, [CTX] * 6)
+        assert [r.reward for r in results] == [1.0] * 6
+        assert reward.failures == 0
+        stats = flaky.stats()
+        assert stats["dropped"] > 0 and stats["answered_503"] > 0
+        assert reward.retries_made == stats["dropped"] + stats["answered_503"]
+    finally:
+        flaky.stop()
+
+
+def test_a_service_down_for_a_while_then_back_loses_nothing():
+    flaky = FlakyRewardServer(reward_scorer("think_answer_tags"))
+    try:
+        flaky.go_down()
+        threading.Timer(0.6, flaky.come_back).start()
+        reward = RemoteHttpReward(flaky.url, backoff_s=0.01, max_backoff_s=0.1, timeout_s=10)
+        results = reward.score_batch(["<think>x</think><answer>2</answer>"],
+                                     [{"messages": [], "gt_answer": "2"}], [CTX])  # fmt: skip
+        assert [r.reward for r in results] == [1.0] and not results[0].failed
+        assert reward.retries_made >= 3  # more tries than the old fixed count of 3 retries...
+        assert reward.failures == 0
+    finally:
+        flaky.stop()
+
+
+def test_retries_continue_with_capped_backoff_until_the_deadline():
+    flaky = FlakyRewardServer(reward_scorer("think_answer_tags"))
+    flaky.stop()  # down for good
+    reward = RemoteHttpReward(flaky.url, backoff_s=0.01, max_backoff_s=0.04, timeout_s=0.5)
+    waits = []
+    sleep = time.sleep
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(http_module.time, "sleep", lambda s: (waits.append(s), sleep(s)))
+        results = reward.score_batch(*_batch(2))
+    assert all(r.failed for r in results)
+    assert waits[:3] == pytest.approx([0.01, 0.02, 0.04])
+    assert max(waits) <= 0.04 + 1e-9  # capped
+    assert len(waits) >= 5  # kept trying until the deadline, not a fixed count
+    assert "within reward.timeout_s=0.5 s" in results[0].metadata["reward_error"]
+
+
+def test_one_failed_request_fails_only_its_own_items():
+    def scorer(items):
+        if any(i["response"] == "poison" for i in items):
+            return {"rewards": []}  # malformed: a final error for this request only
+        return length_scorer(items)
+
+    flaky = FlakyRewardServer(scorer)
+    try:
+        reward = RemoteHttpReward(flaky.url, batch_size=2, timeout_s=5)
+        responses = ["a b", "c", "poison", "d", "e f g", "h"]
+        results = reward.score_batch(responses, [{"messages": []}] * 6, [CTX] * 6)
+        assert [r.failed for r in results] == [False, False, True, True, False, False]
+        assert [r.reward for r in results if not r.failed] == [0.1, 0.05, 0.15, 0.05]
+        assert reward.failures == 1
+        assert "must be" in results[2].metadata["reward_error"]
+    finally:
+        flaky.stop()
 
 
 def test_deadline_and_concurrency_limit(server):
@@ -126,25 +203,25 @@ def test_deadline_and_concurrency_limit(server):
     reward.score_batch(*_batch(4))
     assert server.max_in_flight == 2
 
-    slow = RemoteHttpReward(server.url, timeout_s=0.1, retries=0)
-    start = time.monotonic()
+    slow = RemoteHttpReward(server.url, timeout_s=0.1)
     results = slow.score_batch(*_batch(1))
-    assert time.monotonic() - start < 0.3
-    assert results[0].timed_out and "deadline" in results[0].metadata["reward_error"]
+    assert results[0].failed and "deadline" in results[0].metadata["reward_error"]
 
 
-def test_a_malformed_answer_is_a_counted_failure(server):
-    reward = RemoteHttpReward(server.url)
-    reward._post_once = lambda items, deadline, expected: (_ for _ in ()).throw(  # type: ignore[method-assign]
-        RemoteRewardError("the answer is not JSON")
-    )
-    results = reward.score_batch(*_batch(1))
-    assert results[0].timed_out and reward.failures == 1
-
-
-def test_bad_url_is_refused():
+def test_bad_url_and_options_are_refused():
     with pytest.raises(ValueError, match="not an http"):
         RemoteHttpReward("ftp://example.org/x")
+    with pytest.raises(ValueError, match="max_backoff_s >= backoff_s"):
+        RemoteHttpReward("http://127.0.0.1:1/x", backoff_s=1.0, max_backoff_s=0.5)
+
+
+def test_removed_fields_say_what_to_do():
+    from zbrl.config import ConfigError, load_config
+
+    for field, words in (("failure_reward", "group is dropped"), ("retries", "until the batch")):
+        with pytest.raises(ConfigError, match=rf"reward\.{field}' was removed: .*{words}"):
+            url = "reward.url=http://127.0.0.1:1/x"
+            load_config(None, ["reward.type=http", url, f"reward.{field}=1"])
 
 
 def test_preflight_names_the_url_and_the_run_scores_through_the_config(server):
@@ -152,7 +229,7 @@ def test_preflight_names_the_url_and_the_run_scores_through_the_config(server):
     from zbrl.config import RunConfig
     from zbrl.errors import RunError
 
-    cfg = RunConfig.model_validate({"reward": {"type": "http", "url": server.url, "retries": 0}})
+    cfg = RunConfig.model_validate({"reward": {"type": "http", "url": server.url}})
     check_reward(cfg)
     reward = build_reward_fn(cfg)
     assert [r.reward for r in reward.score_batch(*_batch(2))] == [1.0, 0.0]

@@ -3,6 +3,7 @@ tiny model as a judge through the transformers backend."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -71,27 +72,27 @@ def _judge(backend, **kwargs):
 
 def test_verdicts_become_rewards_and_unparsed_replies_are_counted():
     backend = ScriptedBackend(["score 0.8", "1", "I cannot say"])
-    judge = _judge(backend, batch_size=2, failure_reward=-0.5)
+    judge = _judge(backend, batch_size=2)
     results = judge.score_batch(["5", "4", "?"], [EXAMPLE] * 3, [CTX] * 3)
-    assert [r.reward for r in results] == [0.8, 1.0, -0.5]
-    assert [r.timed_out for r in results] == [False, False, True]
+    assert [r.reward for r in results[:2]] == [0.8, 1.0] and math.isnan(results[2].reward)
+    assert [r.failed for r in results] == [False, False, True]  # no verdict: no score
     assert judge.parse_failures == 1 and judge.failures == 0
     assert "".join(map(chr, backend.prompts[0])) == "Q=What is 2+3? R=5 A=5"
 
 
-def test_a_failing_or_late_judge_scores_failure_reward():
+def test_a_failing_or_late_judge_gives_no_score():
     broken = _judge(ScriptedBackend([], error=RuntimeError("CUDA OOM")))
     (r,) = broken.score_batch(["5"], [EXAMPLE], [CTX])
-    assert r.reward == 0.0 and r.timed_out and broken.failures == 1
+    assert r.failed and math.isnan(r.reward) and broken.failures == 1
     late = _judge(ScriptedBackend(["1"], delay_s=0.5), timeout_s=0.05)
     start = time.monotonic()
     (r,) = late.score_batch(["5"], [EXAMPLE], [CTX])
-    assert time.monotonic() - start < 0.4 and r.timed_out and late.failures == 1
+    assert time.monotonic() - start < 0.4 and r.failed and late.failures == 1
 
 
 def test_embedded_tiny_model_as_judge(tiny_model_dir):
-    """The untrained tiny model is a real backend that gives no verdict: every response scores
-    the failure reward, counted, and nothing raises."""
+    """The untrained tiny model is a real backend that gives no verdict: no response gets a
+    score, the failures are counted, and nothing raises."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zbrl.rollout.backends.base import SamplingParams
@@ -104,7 +105,7 @@ def test_embedded_tiny_model_as_judge(tiny_model_dir):
     judge = JudgeReward(backend, tokenizer, params, template="{prompt} {response}",
                         parser=r"VERDICT=([01])")  # fmt: skip
     results = judge.score_batch(["5", "6"], [EXAMPLE] * 2, [CTX] * 2)
-    assert [r.reward for r in results] == [0.0, 0.0]
+    assert all(r.failed for r in results)
     assert judge.parse_failures == 2
     assert all(isinstance(r.metadata["judge_reply"], str) for r in results)
 
@@ -115,13 +116,13 @@ def test_judge_from_the_config(tiny_model_dir):
 
     cfg = RunConfig.model_validate(
         {"reward": {"type": "llm_judge", "path": str(tiny_model_dir), "max_new_tokens": 4,
-                    "verifier": "think_answer_tags", "failure_reward": -1.0}}
+                    "verifier": "think_answer_tags"}}
     )  # fmt: skip
     check_reward(cfg)
     judge = build_reward_fn(cfg)
     assert isinstance(judge, JudgeReward) and judge.sampling.temperature == 0.0
     (r,) = judge.score_batch(["<think></think><answer>5</answer>"], [EXAMPLE], [CTX])
-    assert r.reward == -1.0 and r.ans_acc == 1.0  # no verdict; accuracy from the verifier
+    assert r.failed and r.ans_acc == 1.0  # no verdict; accuracy from the verifier
     assert build_eval_reward_fn(cfg).name == "think_answer_tags"
     bad = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"template": "{q}"})})
     with pytest.raises(ConfigError, match=r"reward: llm_judge template"):

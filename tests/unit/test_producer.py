@@ -2,6 +2,7 @@
 (in-process handles, no Ray)."""
 
 import itertools
+import math
 import pickle
 import threading
 import time
@@ -10,7 +11,7 @@ import pytest
 import torch
 from role_settings import buffer_settings, producer_settings, sampling_params, single_turn
 
-from zbrl.rewards.base import BaseReward, RewardResult
+from zbrl.rewards.base import BaseReward, RewardResult, failed_result
 from zbrl.rollout import producer as producer_module
 from zbrl.rollout.backends.base import Completion
 from zbrl.rollout.producer import Producer
@@ -409,6 +410,59 @@ def test_reward_timeouts_are_counted_per_group_and_summed_in_the_batch_metrics(r
     assert status == "batch"
     assert [g.reward_timeouts for g in batch.groups] == [2, 2]  # 2 of G=4 truncated per group
     assert batch.raw_metrics["reward_timeouts"] == 4.0
+
+
+def test_a_group_whose_reward_failed_is_dropped_counted_and_replaced(rig_factory):
+    """Issue 30: a response without a score (a service down, a worker dead) is never trained:
+    its group is dropped and counted, and the producer makes a replacement group."""
+    rig = rig_factory(num_prompts=4, groups_per_step=3)
+    producer, _, reward = rig.producer(shuffle=False)
+    scored = reward.score
+
+    def down_for_prompt_1(response, example, ctx):
+        if example["gt_answer"] == "1" and ctx.truncated:
+            return failed_result("service down")
+        return scored(response, example, ctx)
+
+    reward.score = down_for_prompt_1
+    producer.run()
+    status, batch = rig.buffer.take(3, 1.0)
+    assert status == "batch" and not batch.partial
+    assert sorted(prompt_index(g) for g in batch.groups) == [0, 2, 3]  # 1 dropped, 3 replaced it
+    assert all(not any(math.isnan(r) for r in g.rewards) for g in batch.groups)
+    assert batch.raw_metrics["reward_failed"] == 2.0  # 2 of G=4 truncated in the failed group
+    stats = rig.buffer.stats.as_dict()
+    assert stats["groups_dropped_reward_failed"] == 1.0
+    assert stats["responses_reward_failed"] == 2.0
+    assert stats["responses_reward_failed_trained"] == 0.0
+    assert rig.buffer.stats.per_reason == {"reward_failed": 1}
+
+
+def test_through_an_http_reward_only_the_failed_requests_group_is_dropped(rig_factory):
+    """The http reward's request for one group fails for good: that group alone is dropped and
+    counted; the others are trained with the service's scores."""
+    from flaky_reward_server import FlakyRewardServer
+    from zbrl.rewards.http import RemoteHttpReward
+
+    def scorer(items):
+        if any(i["gt_answer"] == "1" for i in items):
+            return {"rewards": []}  # malformed: a final error for this request only
+        return {"rewards": [float(i["response"] == i["gt_answer"]) for i in items]}
+
+    service = FlakyRewardServer(scorer)
+    try:
+        rig = rig_factory(num_prompts=4, groups_per_step=3)
+        producer, _, _ = rig.producer(shuffle=False, inference_microbatch_size=2)
+        producer.reward = RemoteHttpReward(service.url, batch_size=G, timeout_s=5)
+        producer.run()
+    finally:
+        service.stop()
+    status, batch = rig.buffer.take(3, 1.0)
+    assert status == "batch"
+    assert sorted(prompt_index(g) for g in batch.groups) == [0, 2, 3]
+    assert all(g.rewards == [1.0, 0.0, 1.0, 0.0] for g in batch.groups)
+    assert rig.buffer.stats.groups_dropped_reward_failed == 1
+    assert rig.buffer.stats.responses_reward_failed == G
 
 
 class ChunkingBackend(StubBackend):

@@ -85,19 +85,19 @@ def test_a_verifier_sets_accuracy_but_not_the_reward():
 
 
 def test_failures_and_deadlines_are_counted_not_raised():
-    broken = ClassifierReward(FixedScorer(error=RuntimeError("worker died")), failure_reward=-1.0)
+    broken = ClassifierReward(FixedScorer(error=RuntimeError("worker died")))
     results = broken.score_batch(["a", "b"], _examples(2), [CTX] * 2)
-    assert [r.reward for r in results] == [-1.0, -1.0] and all(r.timed_out for r in results)
+    assert all(r.failed and math.isnan(r.reward) for r in results)  # no score, never a number
     assert "worker died" in results[0].metadata["reward_error"] and broken.failures == 1
 
     slow = ClassifierReward(FixedScorer([0.5], delay_s=0.5), timeout_s=0.05)
     start = time.monotonic()
     (late,) = slow.score_batch(["a"], _examples(1), [CTX])
     assert time.monotonic() - start < 0.4
-    assert late.timed_out and "within 0.05 s" in late.metadata["reward_error"]
+    assert late.failed and "within 0.05 s" in late.metadata["reward_error"]
 
     wrong = ClassifierReward(FixedScorer([float("nan")]))
-    assert wrong.score("a", _examples(1)[0], CTX).timed_out
+    assert wrong.score("a", _examples(1)[0], CTX).failed
 
 
 def test_config_builds_primary_extra_and_eval_rewards(rm_dir):

@@ -138,7 +138,7 @@ def load_set_examples(ref: DatasetRef | str, cfg: RunConfig) -> LoadReport:
     answer = answer_spec(cfg)
     skip = cfg.data.skip_bad_lines
     if not isinstance(ref, SourceSplit):
-        return load_examples(ref, answer_field=answer.field, skip_bad_lines=skip)
+        return load_examples(ref, answer_field=answer, skip_bad_lines=skip)
     source = ref.source
     if isinstance(source, HfSource):
         from zbrl.data.hf_source import load_hf_examples

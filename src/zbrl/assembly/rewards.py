@@ -26,7 +26,7 @@ from zbrl.config import (
     UserReward,
 )
 from zbrl.rewards import CombinedReward, LengthShaping, build_reward, build_user_reward
-from zbrl.rewards.answers import ANSWER_SPECS, AnswerSpec
+from zbrl.rewards.answers import ANSWER_SPECS, OPTIONAL_GT_ANSWER, AnswerSpec
 from zbrl.rewards.base import RewardFunction
 from zbrl.rewards.registry import lookup_reward
 
@@ -138,7 +138,7 @@ def _check_learned(cfg: RunConfig) -> None:
         if rw.check_at_start:
             from zbrl.rewards.http import RemoteRewardError
 
-            reward = _http(rw)
+            reward = _http(rw, None)
             try:
                 reward.check()
             except RemoteRewardError as exc:
@@ -168,7 +168,7 @@ def _learned_dir(cfg: RunConfig, spec: str, field: str) -> Any:
     return resolve(spec, cfg.logging.cache_dir, field=field, verbose=False)
 
 
-def _http(rw: HttpReward) -> Any:
+def _http(rw: HttpReward, verifier: RewardFunction | None) -> Any:
     from zbrl.rewards.http import RemoteHttpReward
 
     return RemoteHttpReward(
@@ -176,17 +176,31 @@ def _http(rw: HttpReward) -> Any:
         batch_size=rw.batch_size,
         max_concurrency=rw.max_concurrency,
         timeout_s=rw.timeout_s,
-        retries=rw.retries,
         backoff_s=rw.backoff_s,
+        max_backoff_s=rw.max_backoff_s,
         headers=rw.headers,
-        failure_reward=rw.failure_reward,
+        verifier=verifier,
     )
 
 
-def reward_model_scorer(cfg: RunConfig, *, device: str = "cpu") -> Any:
-    """The configured reward model loaded in this process (a producer's, or a reward worker's)."""
+def learned_reward_placement(cfg: RunConfig) -> tuple[str, Any]:
+    """(device, torch dtype) of a reward model or judge in a producer's (or the evaluator's)
+    process: the producer's device (``training.device``; ``auto``: CUDA when there is one) in the
+    inference dtype (``rollout.inference_dtype``), as the policy generates there."""
+    from zbrl.assembly.models import device_of, inference_dtype
+
+    return str(device_of(cfg)), inference_dtype(cfg)
+
+
+def reward_model_scorer(cfg: RunConfig, *, device: str | None = None, dtype: Any = None) -> Any:
+    """The configured reward model loaded in this process (a producer's, or a reward worker's):
+    on ``device`` in ``dtype``, by default :func:`learned_reward_placement`'s."""
     from zbrl.rewards.reward_model import RewardModelScorer
 
+    if device is None or dtype is None:
+        here, inference = learned_reward_placement(cfg)
+        device = device if device is not None else here
+        dtype = dtype if dtype is not None else inference
     rw = cfg.reward
     assert isinstance(rw, RewardModelReward)
     tokenizer = rw.tokenizer_path
@@ -197,6 +211,7 @@ def reward_model_scorer(cfg: RunConfig, *, device: str = "cpu") -> Any:
         max_length=rw.max_length,
         normalize=rw.normalize,
         device=device,
+        dtype=dtype,
     )
 
 
@@ -205,48 +220,24 @@ def _learned(cfg: RunConfig, scorer: Any) -> RewardFunction:
     assert isinstance(rw, LearnedRewardBase)
     verifier = build_reward(rw.verifier) if rw.verifier is not None else None
     if isinstance(rw, HttpReward):
-        http = _http(rw)
-        if verifier is None:
-            return http
-        from zbrl.rewards.reward_model import ClassifierReward
-
-        return ClassifierReward(
-            _HttpScorer(http), timeout_s=rw.timeout_s + 1.0, failure_reward=rw.failure_reward,
-            verifier=verifier, label="http",
-        )  # fmt: skip
+        return _http(rw, verifier)
     if isinstance(rw, RewardModelReward):
         from zbrl.rewards.reward_model import ClassifierReward
 
         return ClassifierReward(
             scorer if scorer is not None else reward_model_scorer(cfg),
             timeout_s=rw.timeout_s,
-            failure_reward=rw.failure_reward,
             verifier=verifier,
         )
     assert isinstance(rw, LlmJudgeReward)
     return _judge(cfg, rw, verifier)
 
 
-class _HttpScorer:
-    """An HTTP reward as a pair scorer (so a verifier can set its accuracy metrics)."""
-
-    def __init__(self, http: Any) -> None:
-        self.http = http
-
-    def score(self, prompts: list[Any], responses: list[str]) -> list[float]:
-        from zbrl.rewards.base import RewardContext
-
-        ctx = RewardContext(response_tokens=0, max_new_tokens=0)
-        examples = [{"messages": p} for p in prompts]
-        results = self.http.score_batch(responses, examples, [ctx] * len(responses))
-        if any(r.timed_out for r in results):
-            raise RuntimeError(results[0].metadata.get("reward_error", "service failed"))
-        return [r.reward for r in results]
-
-
 def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) -> RewardFunction:
-    import torch
-
+    """The judge on the producer's device in the inference dtype
+    (:func:`learned_reward_placement`), generating through the transformers backend (also in a
+    vLLM run: a second vLLM engine in the producer's process would take its own share of GPU
+    memory beside the policy's engine; docs/rewards.md)."""
     from zbrl.assembly.models import load_policy, load_tokenizer
     from zbrl.rewards.llm_judge import JudgeReward
     from zbrl.rollout.backends.base import SamplingParams
@@ -255,15 +246,15 @@ def _judge(cfg: RunConfig, rw: LlmJudgeReward, verifier: RewardFunction | None) 
     judge_dir = _learned_dir(cfg, rw.path, "reward.path")
     tokenizer = load_tokenizer(cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"chat_template": None, "tokenizer_path": None})}), judge_dir)  # fmt: skip
-    backend = TransformersBackend(load_policy(cfg, judge_dir, torch.float32), tokenizer)
+    device, dtype = learned_reward_placement(cfg)
+    backend = TransformersBackend(load_policy(cfg, judge_dir, dtype), tokenizer, device=device)
     sampling = SamplingParams(
         n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=rw.max_new_tokens,
         stop_strings=(),
     )  # fmt: skip
     return JudgeReward(
         backend, tokenizer, sampling, template=rw.template, parser=rw.parser,
-        batch_size=rw.batch_size, timeout_s=rw.timeout_s, failure_reward=rw.failure_reward,
-        verifier=verifier,
+        batch_size=rw.batch_size, timeout_s=rw.timeout_s, verifier=verifier,
     )  # fmt: skip
 
 
@@ -327,13 +318,46 @@ def _reward_class(cfg: RunConfig) -> Any:
 
 
 def answer_spec(cfg: RunConfig) -> AnswerSpec:
-    """The dataset field the configured reward scores against."""
-    cls = _reward_class(cfg)
-    if cls is not None:
-        return cls.answer
-    if isinstance(cfg.reward, LearnedRewardBase):
-        return ANSWER_SPECS["gt_answer"]
-    return ANSWER_SPECS[cfg.reward.answer_field]
+    """The dataset field the configured reward scores against, its ``needed_by`` naming the
+    reward (the loader's error for a line without it); :data:`OPTIONAL_GT_ANSWER` when no reward
+    needs an answer (a learned or remote reward without a verifier, a user reward with
+    ``answer_field: none``, an environment that scores its episodes itself): open-ended prompts
+    load then. An extra reward that needs an answer needs it on every line too."""
+    rw = cfg.reward
+    env = cfg.environment
+    if env is not None and not env.score_final_turn:
+        spec, who = OPTIONAL_GT_ANSWER, None  # the environment's turn rewards are the score
+    elif isinstance(rw, LearnedRewardBase):
+        if rw.verifier is not None:
+            spec = lookup_reward(rw.verifier).answer
+            who = f"reward.verifier {rw.verifier!r} (the accuracy metrics and evaluations)"
+        else:
+            spec, who = OPTIONAL_GT_ANSWER, None
+    elif isinstance(rw, UserReward):
+        if rw.answer_field == "none":
+            spec, who = OPTIONAL_GT_ANSWER, None
+        else:
+            spec, who = ANSWER_SPECS[rw.answer_field], f"the reward {rw.type!r}"
+    else:
+        spec, who = lookup_reward(rw.type).answer, f"the reward {rw.type!r}"
+    if who is None:
+        for extra in rw.extra:
+            cls = _registered(extra.type)
+            answer = getattr(cls, "answer", None)
+            if isinstance(answer, AnswerSpec) and answer.required:
+                spec, who = answer, f"the extra reward {extra.type!r}"
+                break
+    return spec.needed_by_reward(who) if who is not None else spec
+
+
+def _registered(name: str) -> Any:
+    """The registered reward class (or factory) of ``name``; None for an import path."""
+    if ":" in name:
+        return None
+    try:
+        return lookup_reward(name)
+    except KeyError:
+        return None
 
 
 def default_system_prompt(cfg: RunConfig) -> str | None:

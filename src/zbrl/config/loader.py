@@ -114,6 +114,9 @@ def _describe(err: dict[str, Any]) -> str:
         return f"field '{loc}': no type; add {loc}.type=... (one of: {variants})"
     if err["type"] == "extra_forbidden":
         _, model = _walk(err["loc"][:-1])
+        removed = getattr(model, "REMOVED_FIELDS", {}).get(path[-1]) if path else None
+        if removed is not None:
+            return f"field '{loc}' was removed: {removed}"
         known = sorted(model.model_fields) if model is not None else []
         variant = _variant_note(model)
         hint = f"; known fields here{variant}: {', '.join(known)}" if known else ""

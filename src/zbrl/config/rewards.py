@@ -3,7 +3,7 @@ variant holds exactly the options its reward uses, so an option that does not ap
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -143,9 +143,14 @@ class LearnedRewardBase(RewardBase):
     (``format_acc``, ``ans_acc``) of training rollouts and scores every evaluation, so that
     evaluations report true accuracy; the training reward stays this reward's score alone.
     None: accuracy is this reward's score clipped to [0, 1], and evaluations use it too."""
-    failure_reward: float = 0.0
-    """Reward of a response this reward could not score (deadline missed, service or worker
-    failed, verdict not parsed); such responses are counted in ``reward_timeouts``."""
+
+    REMOVED_FIELDS: ClassVar[dict[str, str]] = {
+        "failure_reward": "a response whose reward failed (deadline missed, service or worker "
+        "failed, verdict not parsed) is no longer given a reward: its group is dropped from the "
+        "batch and counted (reward_failed); delete the field (docs/rewards.md, 'When a reward "
+        "fails')"
+    }
+    """Fields this reward no longer has, with what to do instead (the config loader's message)."""
 
 
 class RewardModelReward(LearnedRewardBase):
@@ -169,7 +174,8 @@ class RewardModelReward(LearnedRewardBase):
     """``sigmoid``: the reward is sigmoid(logit) in (0, 1) (one-logit models) or the
     probability of the last label (several logits); ``none``: the raw last logit."""
     timeout_s: float = Field(default=60.0, gt=0)
-    """Deadline of scoring one batch of responses; past it the batch gets ``failure_reward``."""
+    """Deadline of scoring one batch of responses; past it the batch has no score and its groups
+    are dropped (``reward_failed``)."""
     workers: int = Field(default=0, ge=0)
     """Reward-worker actors placed by Ray that the producers send their batches to; 0 scores
     inside each producer's own process."""
@@ -180,8 +186,8 @@ class RewardModelReward(LearnedRewardBase):
     when this is above 0."""
     worker_max_restarts: int = Field(default=3, ge=0)
     """Ray restarts a reward worker whose process dies up to this many times (per worker);
-    batches sent while it restarts get ``failure_reward``. A worker that dies past its budget
-    ends the run with an error naming it."""
+    batches sent while it restarts have no score (their groups are dropped). A worker that dies
+    past its budget ends the run with an error naming it."""
 
 
 class LlmJudgeReward(LearnedRewardBase):
@@ -207,7 +213,8 @@ class LlmJudgeReward(LearnedRewardBase):
     batch_size: int = Field(default=8, ge=1)
     """Responses judged per generate call."""
     timeout_s: float = Field(default=60.0, gt=0)
-    """Deadline of judging one batch of responses; past it the rest get ``failure_reward``."""
+    """Deadline of judging one batch of responses; past it the batch has no score and its groups
+    are dropped (``reward_failed``)."""
 
 
 class HttpReward(LearnedRewardBase):
@@ -223,16 +230,25 @@ class HttpReward(LearnedRewardBase):
     max_concurrency: int = Field(default=4, ge=1)
     """Requests in flight at once, per producer."""
     timeout_s: float = Field(default=30.0, gt=0)
-    """Deadline of scoring one batch of responses, retries included."""
-    retries: int = Field(default=3, ge=0)
-    """Retries of a failed request (connection error, HTTP 5xx or 429), within the deadline."""
+    """Deadline of scoring one batch of responses: a request that fails with a connection error,
+    a timeout, HTTP 5xx or 429 is tried again until then; past it its responses have no score
+    and their groups are dropped (``reward_failed``)."""
     backoff_s: float = Field(default=0.25, gt=0)
-    """First retry's wait; each further retry waits twice as long."""
+    """First retry's wait; each further retry waits twice as long, up to ``max_backoff_s``."""
+    max_backoff_s: float = Field(default=4.0, gt=0)
+    """Longest wait between two tries of a request."""
     headers: dict[str, str] = Field(default_factory=dict)
     """Extra request headers (e.g. an ``Authorization`` header)."""
     check_at_start: bool = True
     """Pre-flight: one request with an empty batch must succeed before the run starts (a clear
     error naming the URL when the service is down)."""
+
+    REMOVED_FIELDS: ClassVar[dict[str, str]] = {
+        **LearnedRewardBase.REMOVED_FIELDS,
+        "retries": "a failed request is tried again until the batch's deadline (reward.timeout_s), "
+        "waiting from reward.backoff_s up to reward.max_backoff_s between tries; delete the "
+        "field and set reward.timeout_s instead",
+    }
 
     @field_validator("url")
     @classmethod
@@ -250,8 +266,10 @@ class UserReward(RewardBase):
     """``package.module:function`` (or ``package.module:RewardClass``)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options passed to the function on every call (or to the class)."""
-    answer_field: Literal["gt_answer", "test_cases"] = "gt_answer"
-    """The dataset field the reward scores against (checked on every line when loading)."""
+    answer_field: Literal["gt_answer", "test_cases", "none"] = "gt_answer"
+    """The dataset field the reward scores against (checked on every line when loading);
+    ``none``: the reward needs no answer (open-ended prompts: lines without ``gt_answer`` load,
+    and a line's ``gt_answer``, when it has one, still reaches the reward)."""
     timeout_s: float | None = Field(default=30.0, gt=0)
     """Deadline of one call: a call that takes longer scores as failed (reward 0, with a warning
     and the ``reward_timeouts`` metric); None runs it in-process without a deadline."""

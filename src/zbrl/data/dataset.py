@@ -124,18 +124,25 @@ class LoadReport:
 def load_examples(
     path: str | Path,
     *,
-    answer_field: AnswerField,
+    answer_field: AnswerField | AnswerSpec,
     skip_bad_lines: bool = False,
 ) -> LoadReport:
     """Load and validate a JSONL (``.jsonl``/``.ndjson``) or Parquet (``.parquet``) dataset.
 
     ``answer_field`` is the field the chosen reward needs: ``"gt_answer"`` for math rewards,
-    ``"test_cases"`` for code; the other field is ignored. Blank JSONL lines are ignored. A bad
+    ``"test_cases"`` for code (the other field is ignored), or the reward's
+    :class:`~zbrl.rewards.answers.AnswerSpec` (whose ``needed_by`` names the reward in the
+    error of a line without it; :data:`~zbrl.rewards.answers.OPTIONAL_GT_ANSWER` for rewards that
+    need no answer: open-ended lines load). Blank JSONL lines are ignored. A bad
     line raises :class:`DatasetError` naming the file, the line and the fix; with
     ``skip_bad_lines=True`` bad lines are skipped, logged (count and first reasons) and listed in
     :attr:`LoadReport.skipped`. A file that yields no usable example always raises.
     """
-    if answer_field not in ANSWER_FIELDS:
+    if isinstance(answer_field, AnswerSpec):
+        answer = answer_field
+    elif answer_field in ANSWER_FIELDS:
+        answer = ANSWER_SPECS[answer_field]
+    else:
         raise ValueError(
             f"answer_field must be one of {', '.join(ANSWER_FIELDS)}, got {answer_field!r}"
         )
@@ -153,7 +160,7 @@ def load_examples(
                     row,
                     uid=f"{path.stem}:{number}",
                     source=source,
-                    answer=ANSWER_SPECS[answer_field],
+                    answer=answer,
                 )
             )
         except RowError as exc:
@@ -293,7 +300,7 @@ def build_example(
         )
     messages = _parse_messages(row, prompt_column, text_prompts)
     raw_answer = row.get(answer_column)
-    if raw_answer is None and answer_column != answer.field:
+    if raw_answer is None and answer_column != answer.field and answer.required:
         raise RowError(
             f"the answer column '{answer_column}' is missing or null (columns: "
             f"{', '.join(map(str, row)) or 'none'})",
@@ -310,8 +317,8 @@ def build_example(
     return PromptExample(
         uid=uid,
         messages=messages,
-        gt_answer=value if answer is GT_ANSWER else None,
-        test_cases=value if answer is TEST_CASES else None,
+        gt_answer=value if answer.field == GT_ANSWER.field else None,
+        test_cases=value if answer.field == TEST_CASES.field else None,
         source=source,
         fields=extras,
     )

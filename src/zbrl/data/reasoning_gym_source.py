@@ -76,7 +76,7 @@ def load_reasoning_gym_examples(
 ) -> LoadReport:
     """The examples of ``split``: ``eval_size`` problems from ``eval_seed``, or ``size`` from
     ``seed`` minus those whose question is also a held-out one."""
-    if answer is not GT_ANSWER:
+    if answer.field != GT_ANSWER.field:
         raise DatasetError(
             f"a reasoning-gym source gives a reference answer (gt_answer), not {answer.field}; "
             f"{answer.needed_by}. Fix: use the reasoning_gym reward (or a math reward)"

@@ -83,7 +83,7 @@ def evaluate_set(
                         "gold": prompt.example.get("gt_answer"),
                         "format_valid": bool(r.format_acc >= 1.0),
                         "ans_valid": bool(r.ans_acc >= 1.0),
-                        "reward": r.reward,
+                        "reward": None if r.failed else r.reward,  # None: no score
                         "length": int(c.token_ids.numel()),
                         "truncated": c.finish_reason == "length",
                         **episodes.sample_record(c),
@@ -104,6 +104,7 @@ def summarize(
         "format_acc": sum(r["format_valid"] for r in records) / count,
         "mean_length": sum(r["length"] for r in records) / count,
         "num_prompts": float(len(correct_per_prompt)),
+        "reward_failed": float(sum(r["reward"] is None for r in records)),
     }
     for k in ks_for(n):
         values = [pass_at_k(n, c, k) for c in correct_per_prompt]

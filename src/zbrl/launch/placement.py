@@ -7,7 +7,10 @@ cluster allows. Both are reserved (and waited for, with a clear error when the c
 grant them) before any worker starts. The shared actors (rollout buffer, weight store, telemetry
 hub: no resources) are pinned to the node of the driver, the head in a cluster run, so losing a
 worker node never takes them with it. The evaluator needs no reserved CPU and goes where Ray puts
-it (with NCCL weight sync it takes a producer's GPUs).
+it (with NCCL weight sync it takes a producer's GPUs). Reward workers (``reward.workers``) that
+reserve CPUs or GPUs get a SPREAD group of their own, reserved with the others: a worker the
+cluster cannot place is an error at start naming the fields to change, never a batch that waits
+for a worker that never starts.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class Placement:
     consumers: Any
     driver_node: str
     cfg: RunConfig
+    reward_workers: Any = None
+    """The reward workers' group (None: no reward workers, or workers that reserve nothing)."""
 
     def producer_options(self, index: int) -> dict[str, Any]:
         la = self.cfg.launch
@@ -40,6 +45,13 @@ class Placement:
     def consumer_options(self, index: int) -> dict[str, Any]:
         la = self.cfg.launch
         return _in_bundle(self.consumers, index, la.consumer_num_cpus, la.consumer_num_gpus)
+
+    def reward_worker_options(self, index: int) -> dict[str, Any]:
+        """Reward worker ``index``'s resources, in its bundle when it reserves any."""
+        cpus, gpus = reward_worker_resources(self.cfg)
+        if self.reward_workers is None:
+            return {"num_cpus": cpus, "num_gpus": gpus}
+        return _in_bundle(self.reward_workers, index, cpus, gpus)
 
     def evaluator_options(self) -> dict[str, Any]:
         from zbrl.assembly.settings import weight_sync_backend
@@ -57,9 +69,27 @@ class Placement:
     def remove(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for pg in (self.producers, self.consumers):
+        for pg in (self.producers, self.consumers, self.reward_workers):
+            if pg is None:
+                continue
             with contextlib.suppress(Exception):  # Ray is going down with the run
                 remove_placement_group(pg)
+
+
+def reward_worker_resources(cfg: RunConfig) -> tuple[float, float]:
+    """(CPUs, GPUs) each reward worker reserves."""
+    from zbrl.config import RewardModelReward
+
+    rw = cfg.reward
+    assert isinstance(rw, RewardModelReward)
+    return rw.worker_num_cpus, rw.worker_num_gpus
+
+
+def reward_worker_count(cfg: RunConfig) -> int:
+    """The run's reward workers (``reward.workers`` of a ``reward_model`` reward, else 0)."""
+    from zbrl.config import RewardModelReward
+
+    return cfg.reward.workers if isinstance(cfg.reward, RewardModelReward) else 0
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -92,23 +122,35 @@ def reserve(cfg: RunConfig) -> Placement:
             strategy="PACK",
         ),
     }
+    rewards = ""
+    workers = reward_worker_count(cfg)
+    if workers and any(r > 0 for r in reward_worker_resources(cfg)):
+        bundle = _bundle(*reward_worker_resources(cfg))
+        groups["reward_workers"] = placement_group([bundle] * workers, strategy="SPREAD")
+        rewards = f" and {workers} x {bundle} (reward workers)"
     placement = Placement(
-        groups["producers"], groups["consumers"], ray.get_runtime_context().get_node_id(), cfg
-    )
+        groups["producers"], groups["consumers"], ray.get_runtime_context().get_node_id(), cfg,
+        reward_workers=groups.get("reward_workers"),
+    )  # fmt: skip
     ready, _ = ray.wait(
-        [pg.ready() for pg in groups.values()], num_returns=2, timeout=la.placement_timeout_s
+        [pg.ready() for pg in groups.values()],
+        num_returns=len(groups),
+        timeout=la.placement_timeout_s,
     )
-    if len(ready) < 2:
+    if len(ready) < len(groups):
         placement.remove()
+        fix = "Lower launch.num_producers / num_consumers or *_num_cpus / *_num_gpus"
+        if rewards:
+            fix += ", reward.workers or reward.worker_num_cpus / worker_num_gpus (or score in "
+            fix += "the producers: reward.workers=0)"
         raise RunError(
             f"the cluster did not grant the workers' resources within "
             f"launch.placement_timeout_s={la.placement_timeout_s}s: needed "
             f"{la.num_producers} x {_bundle(la.producer_num_cpus, la.producer_num_gpus)} "
-            f"(producers, {la.placement}) and {la.num_consumers} x "
-            f"{_bundle(la.consumer_num_cpus, la.consumer_num_gpus)} (consumers, packed); "
-            f"the cluster has {_plain(ray.cluster_resources())} in all, "
-            f"{_plain(ray.available_resources())} free. Lower launch.num_producers / "
-            "num_consumers or *_num_cpus / *_num_gpus, or add nodes"
+            f"(producers, {la.placement}), {la.num_consumers} x "
+            f"{_bundle(la.consumer_num_cpus, la.consumer_num_gpus)} (consumers, packed)"
+            f"{rewards}; the cluster has {_plain(ray.cluster_resources())} in all, "
+            f"{_plain(ray.available_resources())} free. {fix}, or add nodes"
         )
     return placement
 

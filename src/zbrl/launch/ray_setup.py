@@ -59,8 +59,15 @@ def loopback_only() -> Iterator[None]:
 
 
 def required_cpus(cfg: RunConfig) -> float:
+    """The CPUs the run's workers reserve: producers, consumers and reward workers."""
+    from zbrl.launch.placement import reward_worker_count, reward_worker_resources
+
     la = cfg.launch
-    return la.num_producers * la.producer_num_cpus + la.num_consumers * la.consumer_num_cpus
+    cpus = la.num_producers * la.producer_num_cpus + la.num_consumers * la.consumer_num_cpus
+    workers = reward_worker_count(cfg)
+    if workers:
+        cpus += workers * reward_worker_resources(cfg)[0]
+    return cpus
 
 
 def init_ray(cfg: RunConfig) -> bool:

@@ -1,12 +1,16 @@
 """Reward workers: actors that hold a reward model (``reward.type: reward_model`` with
 ``reward.workers`` > 0) and score the producers' batches.
 
-Each worker loads the model once, on a GPU when ``reward.worker_num_gpus`` > 0, else on CPU, and
-is placed by Ray with ``reward.worker_num_cpus`` / ``worker_num_gpus`` (no placement group: Ray
-puts it where those resources are free). A producer sends every batch, whole, to the next worker
-in turn (:class:`RayRewardScorer`); the reward's own deadline (``reward.timeout_s``) bounds the
-wait, and a batch whose worker is dead or late scores ``reward.failure_reward``, counted in the
-producer's ``reward_timeouts``.
+Each worker loads the model once, on a GPU in the inference dtype (``rollout.inference_dtype``)
+when ``reward.worker_num_gpus`` > 0, else on CPU in float32. The workers' resources
+(``reward.worker_num_cpus`` / ``worker_num_gpus``) are reserved with the producers' and
+consumers' (:func:`zbrl.launch.placement.reserve`, a SPREAD group of their own) and counted when a
+local Ray is sized (:func:`zbrl.launch.ray_setup.required_cpus`): a worker the cluster cannot
+place is an error at start, never batches that time out. A producer sends every batch, whole,
+to the next worker in turn (:class:`RayRewardScorer`); the reward's own deadline
+(``reward.timeout_s``) bounds the wait, and a batch whose worker is dead or late has no score:
+its responses are failed results, their groups are dropped and counted (``reward_failed``),
+never trained.
 
 A worker whose process dies is restarted by Ray (``max_restarts``: its handle stays valid, the
 producers keep sending to it), up to ``reward.worker_max_restarts`` times; the driver's supervisor
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zbrl.config import RewardModelReward, RunConfig
+from zbrl.launch.placement import Placement
 
 
 class RewardModelWorker:
@@ -30,6 +35,7 @@ class RewardModelWorker:
     def __init__(self, cfg_data: dict[str, Any], index: int) -> None:
         import torch
 
+        from zbrl.assembly.models import inference_dtype
         from zbrl.assembly.rewards import reward_model_scorer
         from zbrl.models.quiet import quiet_transformers
 
@@ -39,7 +45,12 @@ class RewardModelWorker:
         rw = cfg.reward
         assert isinstance(rw, RewardModelReward)
         self.index = index
-        self.scorer = reward_model_scorer(cfg, device="cuda" if rw.worker_num_gpus > 0 else "cpu")
+        on_gpu = rw.worker_num_gpus > 0
+        self.scorer = reward_model_scorer(
+            cfg,
+            device="cuda" if on_gpu else "cpu",
+            dtype=inference_dtype(cfg) if on_gpu else torch.float32,
+        )
 
     def score(self, prompts: Sequence[Any], responses: Sequence[str]) -> list[float]:
         return self.scorer.score(prompts, responses)
@@ -75,8 +86,9 @@ def uses_reward_workers(cfg: RunConfig) -> bool:
     return isinstance(cfg.reward, RewardModelReward) and cfg.reward.workers > 0
 
 
-def spawn_reward_workers(cfg: RunConfig) -> list[Any]:
-    """The run's reward workers (none unless ``reward.workers`` > 0)."""
+def spawn_reward_workers(cfg: RunConfig, placement: Placement | None) -> list[Any]:
+    """The run's reward workers (none unless ``reward.workers`` > 0), in ``placement``'s
+    reward-worker bundles (None: where Ray puts them, for a test without a placement)."""
     if not uses_reward_workers(cfg):
         return []
     import ray
@@ -84,15 +96,19 @@ def spawn_reward_workers(cfg: RunConfig) -> list[Any]:
     rw = cfg.reward
     assert isinstance(rw, RewardModelReward)
     data = cfg.model_dump(mode="json")
-    options = {
-        "num_cpus": rw.worker_num_cpus,
-        "num_gpus": rw.worker_num_gpus,
+    restarts = {
         "max_restarts": rw.worker_max_restarts,
-        "max_task_retries": 0,  # a batch in flight when it died fails (the failure reward)
+        "max_task_retries": 0,  # a batch in flight when it died has no score (a failure)
     }
-    return [
-        ray.remote(RewardModelWorker).options(**options).remote(data, i) for i in range(rw.workers)
-    ]
+    workers = []
+    for i in range(rw.workers):
+        where = (
+            placement.reward_worker_options(i)
+            if placement is not None
+            else {"num_cpus": rw.worker_num_cpus, "num_gpus": rw.worker_num_gpus}
+        )
+        workers.append(ray.remote(RewardModelWorker).options(**where, **restarts).remote(data, i))
+    return workers
 
 
 def reward_scorer(cfg: RunConfig, handles: Sequence[Any] | None) -> RayRewardScorer | None:

@@ -134,7 +134,7 @@ class Spawner:
 
         spawner = dataclasses.replace(
             self, start=start, buffer=buffer, store=store, group=group,
-            reward_workers=spawn_reward_workers(cfg),
+            reward_workers=spawn_reward_workers(cfg, self.placement),
         )  # fmt: skip
         producers = [spawner.producer(i, resume_states.get(i)) for i in range(la.num_producers)]
         consumers = [spawner.consumer(i) for i in range(la.num_consumers)]

@@ -63,6 +63,9 @@ def build_summary(
             buffer_stats["groups_filtered_accuracy"] + buffer_stats["groups_filtered_truncated"]
         ),
         "partial_batches": int(buffer_stats["partial_batches"]),
+        "reward_failed_responses": int(buffer_stats["responses_reward_failed"]),
+        "reward_failed_groups_dropped": int(buffer_stats["groups_dropped_reward_failed"]),
+        "reward_failed_responses_trained": int(buffer_stats["responses_reward_failed_trained"]),
         "eval_initial": initial,
         "eval_final": final,
     }

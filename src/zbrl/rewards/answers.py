@@ -2,7 +2,10 @@
 
 A reward class names its field with an :class:`AnswerSpec` (``answer`` class attribute): the math
 rewards use :data:`GT_ANSWER`, the code reward :data:`TEST_CASES`, a user reward the one its
-config names. The dataset loader checks every line with the spec's ``parse`` (so a bad line fails
+config names. Rewards that need no answer (a learned or remote reward without a verifier, a user
+reward with ``answer_field: none``, an environment that scores itself) use
+:data:`OPTIONAL_GT_ANSWER`: open-ended prompts load without one, and a line that has one still
+passes it on. The dataset loader checks every line with the spec's ``parse`` (so a bad line fails
 at load time with its file and line), and the reward reads the same field at scoring time through
 the same parser: ``test_cases`` has exactly one parser, :func:`parse_test_cases`.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zbrl.sandbox import parse_call_args
@@ -41,19 +44,30 @@ class AnswerSpec:
     """A correct JSON snippet of the field, for error messages."""
     parse: Callable[[Any], Any]
     """Raw value (never None) → the normalised value; raises :class:`AnswerError`."""
+    required: bool = True
+    """False: a line without the field is an open-ended prompt (its value is None)."""
+
+    def needed_by_reward(self, who: str) -> AnswerSpec:
+        """This spec with ``needed_by`` naming the configured reward (``who`` needs it)."""
+        return replace(self, needed_by=f"{who} scores against it")
 
     def missing(self) -> AnswerError:
         others = [s.field for s in ANSWER_SPECS.values() if s.field != self.field]
         return AnswerError(
             f"'{self.field}' is missing; {self.needed_by}",
             f"add {self.example_json} to every line, or choose a reward that uses "
-            + " or ".join(f"'{o}'" for o in others),
+            + " or ".join(f"'{o}'" for o in others)
+            + " or needs no answer (reward_model, llm_judge or http without a verifier, a user "
+            "reward with answer_field: none)",
         )
 
     def read(self, row: Any) -> Any:
-        """The parsed field of a dataset row or example; raises :class:`AnswerError`."""
+        """The parsed field of a dataset row or example (None when it is absent and not
+        required); raises :class:`AnswerError`."""
         value = row.get(self.field) if isinstance(row, dict) else None
         if value is None:
+            if not self.required:
+                return None
             raise self.missing()
         return self.parse(value)
 
@@ -192,5 +206,9 @@ TEST_CASES = AnswerSpec(
     example_json='"test_cases": {"inputs": ["1 2\\n"], "outputs": ["3\\n"]}',
     parse=parse_test_cases,
 )
+OPTIONAL_GT_ANSWER = replace(
+    GT_ANSWER, needed_by="no reward needs it (open-ended prompts)", required=False
+)
+"""``gt_answer`` when a line has one (passed on to the reward), nothing when it has none."""
 ANSWER_SPECS: dict[str, AnswerSpec] = {s.field: s for s in (GT_ANSWER, TEST_CASES)}
 """Every answer field a reward can score against, by field name."""

@@ -44,8 +44,33 @@ class RewardResult:
     metadata: dict[str, Any] = field(default_factory=dict)
     """Reward-specific details (per-test results for code, failure reasons, ...)."""
     timed_out: bool = False
-    """The reward call missed its deadline (a user reward's ``reward.timeout_s``); the score is
-    a failure and is counted in the ``reward_timeouts`` metric."""
+    """The reward call missed its deadline; counted in the ``reward_timeouts`` metric."""
+    failed: bool = False
+    """No score: the reward could not be computed (a service or worker that did not answer, a
+    deadline missed, a judge without a verdict, a sandbox that did not start). ``reward`` is
+    then NaN, never a number that looks like a score; the producer counts the response and the
+    buffer drops its group (``reward_failed``), so it is never trained (docs/rewards.md)."""
+
+
+def failed_result(
+    reason: str,
+    *,
+    format_acc: float = 0.0,
+    ans_acc: float = 0.0,
+    timed_out: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> RewardResult:
+    """The result of a response whose reward failed: reward NaN, ``failed=True``, ``reason`` in
+    ``metadata["reward_error"]``; the accuracies are a verifier's when one checked the response
+    (metrics only), else 0."""
+    return RewardResult(
+        math.nan,
+        format_acc,
+        ans_acc,
+        metadata={**(metadata or {}), "reward_error": reason},
+        timed_out=timed_out,
+        failed=True,
+    )
 
 
 Example = Mapping[str, Any]

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from zbrl.rewards.answers import TEST_CASES, AnswerError
-from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardContext, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardBatch,
+    RewardContext,
+    RewardResult,
+    failed_result,
+)
 from zbrl.rewards.length import LengthShaping, as_length_shaping, training_penalty
 from zbrl.rewards.registry import register_reward
 from zbrl.sandbox import ProgramResult, SandboxLimits, TestCase, check_backend, run_programs
@@ -99,6 +106,12 @@ class CodeReward(BaseReward):
     ``pass_fraction``, ``test_statuses``, ``test_passed``, ``test_durations_s``,
     ``length_penalty`` and ``reason`` (``"correct"``, ``"bad_format"`` or the first failing test
     and why).
+
+    Where the line between a score and a failure lies: whatever the candidate program does (a
+    wrong answer, a crash, a timeout, a memory or output limit) is a score; a test whose status is
+    ``sandbox_error`` (the sandbox could not start, did not start in time, or its runner died
+    before reporting) says nothing about the program, so the response gets
+    :func:`~zbrl.rewards.base.failed_result` and its group is not trained.
     """
 
     name = "code"
@@ -154,6 +167,13 @@ class CodeReward(BaseReward):
     def _result(
         self, solution: Solution, program: ProgramResult, ctx: RewardContext
     ) -> RewardResult:
+        broken = [t for t in program.tests if t.status == "sandbox_error"]
+        if broken:  # the sandbox failed, not the program: no score (never a wrong answer)
+            return failed_result(
+                f"sandbox failure: {broken[0].detail or 'sandbox_error'}",
+                format_acc=1.0 if solution.format_valid else 0.0,
+                metadata={"test_statuses": program.statuses, "format_valid": solution.format_valid},
+            )
         all_passed = program.all_passed
         credit = program.pass_fraction if self.partial_credit else float(all_passed)
         gated = solution.format_valid or ctx.eval_mode

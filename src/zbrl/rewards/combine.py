@@ -5,7 +5,8 @@
 (primary) component; ``metadata["component_rewards"]`` maps each component's name (suffixed
 ``#2``, ``#3``… when repeated) to its unweighted reward, and ``metadata["primary"]`` holds the
 primary component's metadata. Components are scored with their own ``score_batch``, so a reward
-that batches (``code``) keeps doing so.
+that batches (``code``) keeps doing so. A response whose score failed in any component is a
+failed result (``failed``; its NaN reward makes the sum NaN): part of a score is no score.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class CombinedReward(BaseReward):
                     ans_acc=primary.ans_acc,
                     parsed=primary.parsed,
                     timed_out=any(part.timed_out for part in parts),
+                    failed=any(part.failed for part in parts),
                     metadata={
                         "component_rewards": {
                             key: part.reward for key, part in zip(self.keys, parts)

@@ -1,21 +1,27 @@
 """A remote reward: batches of (prompt, response) POSTed as JSON to a scoring service.
 
 Request body: ``{"items": [{"prompt": [messages...], "response": str, "gt_answer": str | None,
-"fields": {...}}, ...]}``; the service answers ``{"rewards": [number, ...]}``, one per item, in
-order (optionally ``"ans_acc": [...]`` and ``"format_acc": [...]`` in [0, 1]).
+"fields": {...}}, ...]}`` — every item carries its dataset row's ``gt_answer`` and ``fields``
+(also when a ``verifier`` sets the accuracy metrics); the service answers ``{"rewards": [number,
+...]}``, one per item, in order (optionally ``"ans_acc": [...]`` and ``"format_acc": [...]`` in
+[0, 1]).
 
 A batch is split into requests of ``batch_size`` items, at most ``max_concurrency`` in flight
 (a thread pool of the standard library's ``http.client``). A request that fails with a connection
-error, a timeout, HTTP 429 or 5xx is retried up to ``retries`` times, waiting ``backoff_s``,
-then twice that, and so on; nothing is retried past the batch's deadline ``timeout_s``. A request
-that still fails scores its items with ``failure_reward`` and ``timed_out=True`` (the producer's
-``reward_timeouts`` metric) and is counted in :attr:`RemoteHttpReward.failures`, with a warning:
-a service that goes down during a run never stops a producer. :meth:`RemoteHttpReward.check`
-(pre-flight) raises a :class:`RemoteRewardError` naming the URL when the service does not answer.
+error, a timeout, HTTP 429 or 5xx is retried until the batch's deadline ``timeout_s``, waiting
+``backoff_s``, then twice that, and so on up to ``max_backoff_s`` between tries: a service that
+restarts within the deadline loses nothing. A request that still fails at the deadline (or gets
+a final error: another 4xx, a malformed answer) fails only its own items: they get
+:func:`~zbrl.rewards.base.failed_result` (reward NaN, ``failed=True``), which the producer
+counts and the buffer never trains (their groups are dropped, ``reward_failed``); the request is
+counted in :attr:`RemoteHttpReward.failures`, with a warning, and never stops a producer.
+:meth:`RemoteHttpReward.check` (pre-flight) raises a :class:`RemoteRewardError` naming the URL
+when the service does not answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -27,7 +33,14 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zbrl.rewards.base import BaseReward, Example, RewardBatch, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardBatch,
+    RewardFunction,
+    RewardResult,
+    failed_result,
+)
 from zbrl.rewards.registry import register_reward
 
 logger = logging.getLogger(__name__)
@@ -57,31 +70,35 @@ class RemoteHttpReward(BaseReward):
         batch_size: int = 32,
         max_concurrency: int = 4,
         timeout_s: float = 30.0,
-        retries: int = 3,
         backoff_s: float = 0.25,
+        max_backoff_s: float = 4.0,
         headers: Mapping[str, str] | None = None,
-        failure_reward: float = 0.0,
+        verifier: RewardFunction | None = None,
     ) -> None:
+        """``verifier``: a verifiable reward that sets ``format_acc``, ``ans_acc`` and ``parsed``
+        (metrics) while the reward stays the service's score."""
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"http reward: url {url!r} is not an http:// or https:// URL")
-        if batch_size < 1 or max_concurrency < 1 or retries < 0:
+        if batch_size < 1 or max_concurrency < 1:
+            raise ValueError("http reward: batch_size and max_concurrency must be >= 1")
+        if not (timeout_s > 0 and backoff_s > 0 and max_backoff_s >= backoff_s):
             raise ValueError(
-                "http reward: batch_size and max_concurrency must be >= 1 and retries >= 0"
+                "http reward: timeout_s and backoff_s must be > 0 and max_backoff_s >= backoff_s"
             )
-        if not (timeout_s > 0 and backoff_s > 0):
-            raise ValueError("http reward: timeout_s and backoff_s must be > 0")
         self.url = url
         self._parsed = parsed
         self.batch_size = batch_size
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
-        self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
         self.headers = {"Content-Type": "application/json", **dict(headers or {})}
-        self.failure_reward = failure_reward
+        self.verifier = verifier
         self.failures = 0
-        """Requests that failed for good (after their retries or at the deadline)."""
+        """Requests that failed for good (at the deadline, or with a final error)."""
+        self.retries_made = 0
+        """Tries after a retryable failure, over all requests."""
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -107,13 +124,17 @@ class RemoteHttpReward(BaseReward):
         chunks = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
         pool = self._executor()
         futures = [pool.submit(self._post_with_retries, chunk, deadline) for chunk in chunks]
-        results: list[RewardResult] = []
+        scored: list[RewardResult] = []
         for chunk, future in zip(chunks, futures):
             try:
-                results += future.result()
+                scored += future.result()
             except RemoteRewardError as exc:
-                results += self._failed(len(chunk), str(exc))
-        return results
+                self._count_failure(len(chunk), str(exc))
+                scored += [failed_result(str(exc)) for _ in chunk]
+        if self.verifier is None:
+            return scored
+        checked = self.verifier.score_batch(*batch)
+        return [_verified(r, c) for r, c in zip(scored, checked, strict=True)]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -126,36 +147,37 @@ class RemoteHttpReward(BaseReward):
                 self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="http-rw")
             return self._pool
 
-    def _failed(self, n: int, reason: str) -> list[RewardResult]:
+    def _count_failure(self, n: int, reason: str) -> None:
         with self._lock:
             self.failures += 1
             count = self.failures
         logger.warning(
-            "http reward %s: %d response(s) scored %g as failed: %s (%d failed request(s) so far)",
-            self.url,
-            n,
-            self.failure_reward,
-            reason,
-            count,
-        )
-        failed = RewardResult(
-            self.failure_reward, 0.0, 0.0, metadata={"reward_error": reason}, timed_out=True
-        )
-        return [failed] * n
+            "http reward %s: no score for %d response(s): %s (%d failed request(s) so far); "
+            "their groups are not trained",
+            self.url, n, reason, count,
+        )  # fmt: skip
 
     def _post_with_retries(
         self, items: list[dict[str, Any]], deadline: float
     ) -> list[RewardResult]:
+        """The request's results, tried again after each retryable failure (waits doubling from
+        ``backoff_s``, capped at ``max_backoff_s``) until the deadline; the last try is made at
+        the deadline's edge, so a service back by then still answers."""
         attempt = 0
         while True:
             try:
                 return self._post_once(items, deadline, expected=len(items))
             except _Retryable as exc:
-                wait = self.backoff_s * 2**attempt
-                if attempt >= self.retries or time.monotonic() + wait >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0.05:
                     tries = f"{attempt + 1} {'try' if attempt == 0 else 'tries'}"
-                    raise RemoteRewardError(f"{exc} (after {tries})") from None
+                    raise RemoteRewardError(
+                        f"{exc} (after {tries} within reward.timeout_s={self.timeout_s} s)"
+                    ) from None
+                wait = min(self.backoff_s * 2**attempt, self.max_backoff_s, remaining - 0.05)
                 attempt += 1
+                with self._lock:
+                    self.retries_made += 1
                 time.sleep(wait)
 
     def _post_once(
@@ -191,6 +213,14 @@ class RemoteHttpReward(BaseReward):
         if reply.status != 200:
             raise RemoteRewardError(f"HTTP {reply.status} {reply.reason}: {data[:200]!r}")
         return _parse_reply(data, expected)
+
+
+def _verified(result: RewardResult, checked: RewardResult) -> RewardResult:
+    """The service's result with a verifier's accuracies and parsed answer (a failed result
+    stays failed: the accuracies are metrics, never a score)."""
+    return dataclasses.replace(
+        result, format_acc=checked.format_acc, ans_acc=checked.ans_acc, parsed=checked.parsed
+    )
 
 
 def _item(response: str, example: Example) -> dict[str, Any]:

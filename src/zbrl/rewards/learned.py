@@ -1,8 +1,10 @@
 """The shared part of learned rewards (a reward model, an LLM judge): their scores come from a
 model, a batch at a time in a thread of the reward's own under the deadline ``timeout_s``. A
-batch that fails or misses the deadline scores ``failure_reward``, is counted in
-:attr:`LearnedReward.failures` and logged, and never stops the producer; a verifiable reward
-(``verifier``), when given, sets the accuracy metrics while the reward is the model's score.
+batch that fails or misses the deadline gets no score: its responses get
+:func:`~zbrl.rewards.base.failed_result` (reward NaN; their groups are never trained), the batch
+is counted in :attr:`LearnedReward.failures` and logged, and the producer goes on; a verifiable
+reward (``verifier``), when given, sets the accuracy metrics while the reward is the model's
+score.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from zbrl.rewards.base import BaseReward, RewardBatch, RewardFunction, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    RewardBatch,
+    RewardFunction,
+    RewardResult,
+    failed_result,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +38,10 @@ class LearnedReward(BaseReward):
         self,
         *,
         timeout_s: float,
-        failure_reward: float,
         verifier: RewardFunction | None,
         thread_name: str,
     ) -> None:
         self.timeout_s = timeout_s
-        self.failure_reward = failure_reward
         self.verifier = verifier
         self.failures = 0
         """Batches whose model call failed or did not finish within the deadline."""
@@ -47,7 +53,7 @@ class LearnedReward(BaseReward):
 
     def within_deadline(self, call: Callable[[], T], n: int, what: str) -> T | None:
         """``call()`` in the reward's thread within ``timeout_s``; None when it raised or was
-        late (``n`` responses scored as failed, counted and logged; ``what`` names what did not
+        late (``n`` responses without a score, counted and logged; ``what`` names what did not
         come back in time)."""
         future = self._pool.submit(call)
         try:
@@ -63,8 +69,8 @@ class LearnedReward(BaseReward):
             self.failures += 1
             self.last_error = reason
         logger.warning(
-            "%s: %d response(s) scored %g as failed: %s (%d failed batch(es) so far)",
-            self.name, n, self.failure_reward, reason, self.failures,
+            "%s: no score for %d response(s): %s (%d failed batch(es) so far); their groups "
+            "are not trained", self.name, n, reason, self.failures,
         )  # fmt: skip
         return None
 
@@ -77,28 +83,28 @@ class LearnedReward(BaseReward):
         """The results of ``scores`` (None where the model gave none), with the verifier's
         accuracies when there is a verifier (:func:`learned_results`)."""
         checked = self.verifier.score_batch(*batch) if self.verifier is not None else None
-        return learned_results(scores, checked, self.failure_reward, metadata)
+        return learned_results(scores, checked, metadata)
 
 
 def learned_results(
     scores: Sequence[float | None],
     checked: Sequence[RewardResult] | None,
-    failure_reward: float,
     metadata: Sequence[dict[str, Any]],
 ) -> list[RewardResult]:
     """The results of a learned reward (a reward model's or a judge's score per response; None
     where it gave none). The score is the reward. A verifier's results (``checked``) set the
     format and answer accuracy and ``parsed``; without one the format counts as met and the
-    accuracy is the score clipped to [0, 1]. A response without a score gets ``failure_reward``
-    and is marked timed out, keeping the verifier's accuracies (0 without a verifier)."""
+    accuracy is the score clipped to [0, 1]. A response without a score gets
+    :func:`~zbrl.rewards.base.failed_result` (its ``metadata["reward_error"]`` says why),
+    keeping the verifier's accuracies as metrics (0 without a verifier)."""
     results = []
     for i, value in enumerate(scores):
         c = checked[i] if checked is not None else None
         if value is None:
             fmt, acc = (c.format_acc, c.ans_acc) if c is not None else (0.0, 0.0)
-            results.append(
-                RewardResult(failure_reward, fmt, acc, metadata=metadata[i], timed_out=True)
-            )
+            details = dict(metadata[i])
+            reason = str(details.pop("reward_error", "no score"))
+            results.append(failed_result(reason, format_acc=fmt, ans_acc=acc, metadata=details))
         elif c is not None:
             results.append(
                 RewardResult(value, c.format_acc, c.ans_acc, parsed=c.parsed, metadata=metadata[i])

@@ -2,11 +2,12 @@
 number in [0, 1]) is parsed from its reply.
 
 The judge generates greedily through any zbrl inference backend (``generate(prompt_ids,
-SamplingParams)``: transformers, vLLM). A reply with no verdict in [0, 1] scores
-``failure_reward`` and is counted in :attr:`JudgeReward.parse_failures`; a batch the backend fails
-on or that misses the deadline scores ``failure_reward`` too, counted in
-:attr:`JudgeReward.failures`. Both are marked ``timed_out`` (the producer's ``reward_timeouts``
-metric) and logged; neither stops the producer.
+SamplingParams)``: transformers, vLLM). A reply with no verdict in [0, 1] is no score: the
+response gets :func:`~zbrl.rewards.base.failed_result` and is counted in
+:attr:`JudgeReward.parse_failures`; a batch the backend fails on or that misses the deadline gets
+failed results too, counted in :attr:`JudgeReward.failures`. Failed results are never trained
+(the producer counts them, the buffer drops their groups) and are logged; neither stops the
+producer.
 """
 
 from __future__ import annotations
@@ -87,13 +88,11 @@ class JudgeReward(LearnedReward):
         parser: str = "last_number",
         batch_size: int = 8,
         timeout_s: float = 60.0,
-        failure_reward: float = 0.0,
         verifier: RewardFunction | None = None,
     ) -> None:
         check_template(template)
         super().__init__(
             timeout_s=timeout_s,
-            failure_reward=failure_reward,
             verifier=verifier,
             thread_name="llm-judge",
         )
@@ -130,8 +129,8 @@ class JudgeReward(LearnedReward):
             if reply is not None:
                 self.parse_failures += 1
                 logger.warning(
-                    "llm_judge: no verdict in [0, 1] in the judge's reply %r; scored %g "
-                    "(%d unparsed so far)", reply[:120], self.failure_reward,
+                    "llm_judge: no verdict in [0, 1] in the judge's reply %r; no score, the "
+                    "group is not trained (%d unparsed so far)", reply[:120],
                     self.parse_failures,
                 )  # fmt: skip
             reason = "no verdict" if reply is not None else "judge failed"

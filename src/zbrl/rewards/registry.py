@@ -25,7 +25,14 @@ from numbers import Real
 from typing import Any, TypeVar
 
 from zbrl.registry import Registry, import_object
-from zbrl.rewards.base import BaseReward, Example, RewardContext, RewardFunction, RewardResult
+from zbrl.rewards.base import (
+    BaseReward,
+    Example,
+    RewardContext,
+    RewardFunction,
+    RewardResult,
+    failed_result,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -166,10 +173,10 @@ class FunctionReward(BaseReward):
     re-raised as :class:`UserRewardError` whose message ends with the function's traceback.
 
     With ``timeout_s`` every call runs in a worker process that is killed when the deadline passes
-    (:mod:`zbrl.rewards.deadline`, as for the math rewards): a call that misses it scores as failed
-    (reward 0.0, accuracies 0.0, ``timed_out=True``), with a warning; the count is
-    :attr:`timeouts`. The function must then be importable by its path (it is, when it came from
-    one). ``timeout_s=None`` calls it in-process without a deadline.
+    (:mod:`zbrl.rewards.deadline`, as for the math rewards): a call that misses it gets no score
+    (:func:`~zbrl.rewards.base.failed_result`, ``timed_out=True``: its group is not trained), with
+    a warning; the count is :attr:`timeouts`. The function must then be importable by its path
+    (it is, when it came from one). ``timeout_s=None`` calls it in-process without a deadline.
     """
 
     def __init__(
@@ -203,13 +210,15 @@ class FunctionReward(BaseReward):
         except DeadlineExceeded:
             self.timeouts += 1
             logger.warning(
-                "reward %s did not return within %.1f s (reward.timeout_s); scored as failed "
-                "(%d time(s) so far)",
+                "reward %s did not return within %.1f s (reward.timeout_s); no score, the "
+                "group is not trained (%d time(s) so far)",
                 self.name,
                 self.timeout_s,
                 self.timeouts,
             )
-            return RewardResult(0.0, 0.0, 0.0, timed_out=True)
+            return failed_result(
+                f"no return within {self.timeout_s} s (reward.timeout_s)", timed_out=True
+            )
         return to_reward_result(value, self.name)
 
 

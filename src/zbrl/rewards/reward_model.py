@@ -8,8 +8,8 @@
   training text, so training and scoring see the same text.
 * :class:`ClassifierReward` is the reward function: it sends a whole batch to a scorer (in this
   process, or a reward worker placed by Ray: anything with ``score(prompts, responses)``) under a
-  deadline; a batch that misses it or whose scorer fails scores ``failure_reward``, counted, with
-  a warning, and never stops the producer.
+  deadline; a batch that misses it or whose scorer fails gets no score (its responses are
+  failed results, never trained), counted, with a warning, and never stops the producer.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class RewardModelScorer:
         max_length: int = 512,
         normalize: Literal["none", "sigmoid"] = "sigmoid",
         device: str = "cpu",
+        dtype: Any = None,
     ) -> None:
+        """``device`` and ``dtype`` (a torch dtype; None: float32) the model scores on."""
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -66,7 +68,7 @@ class RewardModelScorer:
         self.tokenizer.padding_side = "right"
         self.tokenizer.truncation_side = "left"  # keep the response, drop the prompt's start
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, dtype=torch.float32
+            model_dir, dtype=dtype if dtype is not None else torch.float32
         )
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.to(device).eval()
@@ -120,7 +122,6 @@ class ClassifierReward(LearnedReward):
         scorer: PairScorer,
         *,
         timeout_s: float = 60.0,
-        failure_reward: float = 0.0,
         verifier: RewardFunction | None = None,
         label: str = "reward_model",
     ) -> None:
@@ -128,7 +129,6 @@ class ClassifierReward(LearnedReward):
             raise ValueError(f"{label}: timeout_s must be > 0, got {timeout_s}")
         super().__init__(
             timeout_s=timeout_s,
-            failure_reward=failure_reward,
             verifier=verifier,
             thread_name="reward-model",
         )
@@ -163,7 +163,6 @@ def local_reward_model(
     max_length: int = 512,
     normalize: Literal["none", "sigmoid"] = "sigmoid",
     timeout_s: float = 60.0,
-    failure_reward: float = 0.0,
     verifier: str | None = None,
 ) -> ClassifierReward:
     """A reward model loaded in this process from the local directory ``path`` (how
@@ -178,7 +177,6 @@ def local_reward_model(
     return ClassifierReward(
         scorer,
         timeout_s=timeout_s,
-        failure_reward=failure_reward,
         verifier=build_reward(verifier) if verifier is not None else None,
     )
 

@@ -282,6 +282,7 @@ class Producer:
             format_acc=[r.format_acc for r in results],
             ans_acc=[r.ans_acc for r in results],
             reward_timeouts=sum(r.timed_out for r in results),
+            reward_failed=sum(r.failed for r in results),
             truncated=[ctx.truncated for ctx in contexts],
             policy_version=version,
             temperature=temperature,

@@ -12,6 +12,13 @@ weights of at least version ``e // groups_per_step - max_staleness``. Together t
 no group trained at version v was generated before version v - max_staleness; ``take`` re-checks
 the bound and drops (and counts) any group that would break it.
 
+Reward failures. A group with a response whose reward failed (``RolloutGroup.reward_failed``: a
+service, worker, judge or sandbox gave no score; the reward is NaN, never a number that looks
+like a score) is dropped on arrival whatever the filters, counted
+(``groups_dropped_reward_failed``, ``responses_reward_failed``), and its ticket freed as a
+filtered group's is: admission then lets a producer make a replacement group, so the batch is
+filled with scored groups (or, at the end of the data, comes smaller).
+
 Per-token versions (in-flight updates, ``RolloutGroup.token_versions``) leave this rule as it is:
 a group's ``policy_version`` is the version of its *oldest* token. A producer loads at least the
 reservation's version before it starts and versions only go up while it generates, so every
@@ -39,6 +46,7 @@ under new tickets, and no prompt is lost or trained twice.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -80,6 +88,14 @@ class BufferStats:
     groups_filtered_accuracy: int = 0
     groups_filtered_truncated: int = 0
     groups_dropped_stale: int = 0
+    groups_dropped_reward_failed: int = 0
+    """Groups with a response whose reward failed (no score), dropped on arrival: never trained
+    (the admission rule counts the drop, so a producer makes a replacement group)."""
+    responses_reward_failed: int = 0
+    """Responses whose reward failed, over every group received."""
+    responses_reward_failed_trained: int = 0
+    """Responses whose reward failed in the groups handed to a consumer (0 unless the rule
+    above were broken; measured, for the run summary)."""
     tickets_released: int = 0
     tickets_reissued: int = 0
     """Pending tickets of a dead or resumed producer, dropped; their prompts get new tickets."""
@@ -117,8 +133,9 @@ class RolloutBuffer:
         self._stopping = False
         self._owners: dict[int, int] = {}  # pending ticket -> the producer that reserved it
         self._producer_states: dict[int, dict[str, Any]] = {}  # producer -> its last resume point
-        # per group: mean reward, format_acc, ans_acc, response length; reward timeouts (a count)
-        self._raw: list[tuple[float, float, float, float, int]] = []
+        # per group: mean reward (NaN when no response has a score), format_acc, ans_acc,
+        # response length; reward timeouts and failures (counts)
+        self._raw: list[tuple[float, float, float, float, int, int]] = []
         self.stats = BufferStats()
 
     # -- producers -----------------------------------------------------------------------------
@@ -411,6 +428,9 @@ class RolloutBuffer:
 
     def _filter_reason(self, group: RolloutGroup) -> str | None:
         st = self.settings
+        if group.reward_failed:  # a failure is never trained as a score, whatever the filters
+            self.stats.groups_dropped_reward_failed += 1
+            return "reward_failed"
         if st.dynamic_batching and not group_in_accuracy_range(group.ans_acc, st.filter_range):
             self.stats.groups_filtered_accuracy += 1
             return "accuracy_out_of_range"
@@ -423,14 +443,17 @@ class RolloutBuffer:
         g = group.group_size
         self.stats.groups_received += 1
         self.stats.samples_generated += g
+        self.stats.responses_reward_failed += group.reward_failed
         lengths = group.response_lengths
+        scores = [r for r in group.rewards if not math.isnan(r)]
         self._raw.append(
             (
-                sum(group.rewards) / g,
+                sum(scores) / len(scores) if scores else math.nan,
                 sum(group.format_acc) / g,
                 sum(group.ans_acc) / g,
                 sum(lengths) / g,
                 group.reward_timeouts,
+                group.reward_failed,
             )
         )
 
@@ -469,6 +492,7 @@ class RolloutBuffer:
         self._raw = []
         self.stats.groups_trained += len(groups)
         self.stats.samples_trained += sum(g.group_size for g in groups)
+        self.stats.responses_reward_failed_trained += sum(g.reward_failed for g in groups)
         if partial:
             self.stats.partial_batches += 1
         self._cond.notify_all()
@@ -484,12 +508,19 @@ class RolloutBuffer:
         )
 
 
-def _mean_raw(raw: list[tuple[float, float, float, float, int]]) -> dict[str, float]:
-    """Means over the groups that arrived since the last batch; ``reward_timeouts`` is a sum."""
+def _mean_raw(raw: list[tuple[float, float, float, float, int, int]]) -> dict[str, float]:
+    """Means over the groups that arrived since the last batch (``reward`` over the groups with
+    a score); ``reward_timeouts`` and ``reward_failed`` (responses without a score) are sums."""
     if not raw:
         return {}
     n = len(raw)
     keys = ("reward", "format_acc", "ans_acc", "response_length")
     means = {k: sum(r[i] for r in raw) / n for i, k in enumerate(keys)}
+    scored = [r[0] for r in raw if not math.isnan(r[0])]
+    if scored:
+        means["reward"] = sum(scored) / len(scored)
+    else:  # no score arrived: no reward figure (a NaN would read as one)
+        del means["reward"]
     means["reward_timeouts"] = float(sum(r[4] for r in raw))
+    means["reward_failed"] = float(sum(r[5] for r in raw))
     return means
