@@ -57,6 +57,9 @@ class RolloutGroup:
     """Wall time when the group was pushed."""
     reward_timeouts: int = 0
     """Responses whose reward call missed its deadline (scored as failures)."""
+    episode_failures: int = 0
+    """Episodes that failed without a score (an agent's timeout, crash or malformed result); the
+    buffer drops a group that has any, so no made-up score is trained."""
     loss_masks: list[torch.Tensor] | None = None
     """Multi-turn episodes: G bool tensors, each [L_i], True on the tokens the model generated
     (environment tokens are in ``response_ids`` but outside the loss); None: every response
@@ -110,6 +113,7 @@ class RolloutGroup:
             state[key] = list(torch.split(flat, lengths)) if lengths else []
         state.setdefault("episodes", None)
         state.setdefault("env_counts", {})
+        state.setdefault("episode_failures", 0)
         self.__dict__.update(state)
 
     @property

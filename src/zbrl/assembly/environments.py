@@ -18,15 +18,21 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
     env_cfg = cfg.environment
     if env_cfg is None:  # which environment the config asks for; the rollout path is the same
         return single_turn_episodes(backend.tokenizer, max_new_tokens)
+    from zbrl.config.environments import AgentEnvironment
     from zbrl.environments.build import build_environment
+    from zbrl.rollout.agents.build import build_agent_environment
     from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
     from zbrl.rollout.transcripts import ChatTranscript
     from zbrl.rollout.turns import TurnFormatter
 
     tokenizer = backend.tokenizer
     eos_ids = set(getattr(backend, "eos_ids", None) or {tokenizer.eos_token_id})
+    if isinstance(env_cfg, AgentEnvironment):  # the agent drives, through the endpoint
+        environment = build_agent_environment(env_cfg, tokenizer, eos_ids)
+    else:
+        environment = build_environment(env_cfg)
     return EpisodeRunner(
-        build_environment(env_cfg),
+        environment,
         ChatTranscript(TurnFormatter(tokenizer, env_cfg.message_role, eos_ids=eos_ids)),
         EpisodeLimitSettings(
             max_turns=env_cfg.limits.max_turns,

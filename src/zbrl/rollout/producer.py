@@ -275,13 +275,18 @@ class Producer:
             version = min((int(v.min()) for v in token_versions if v.numel()), default=version)
         return RolloutGroup(
             uid=f"{prompt.uid}@e{epoch}",
-            prompt_ids=list(prompt.prompt_ids),
+            prompt_ids=list(
+                prompt.prompt_ids
+                if completions[0].prompt_ids is None
+                else completions[0].prompt_ids
+            ),
             response_ids=[c.token_ids for c in completions],
             behaviour_logprobs=[c.logprobs for c in completions],
             rewards=[r.reward for r in results],
             format_acc=[r.format_acc for r in results],
             ans_acc=[r.ans_acc for r in results],
             reward_timeouts=sum(r.timed_out for r in results),
+            episode_failures=sum(c.failure is not None for c in completions),
             truncated=[ctx.truncated for ctx in contexts],
             policy_version=version,
             temperature=temperature,

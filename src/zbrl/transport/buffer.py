@@ -79,6 +79,8 @@ class BufferStats:
     samples_generated: int = 0
     groups_filtered_accuracy: int = 0
     groups_filtered_truncated: int = 0
+    groups_failed_episodes: int = 0
+    """Groups dropped because an episode failed without a score (an agent's failure)."""
     groups_dropped_stale: int = 0
     tickets_released: int = 0
     tickets_reissued: int = 0
@@ -411,6 +413,9 @@ class RolloutBuffer:
 
     def _filter_reason(self, group: RolloutGroup) -> str | None:
         st = self.settings
+        if group.episode_failures:
+            self.stats.groups_failed_episodes += 1
+            return "failed_episodes"
         if st.dynamic_batching and not group_in_accuracy_range(group.ans_acc, st.filter_range):
             self.stats.groups_filtered_accuracy += 1
             return "accuracy_out_of_range"

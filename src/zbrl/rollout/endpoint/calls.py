@@ -67,6 +67,13 @@ class CallQueue:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             return batch
 
+    def cancel_pending(self, reason: str) -> None:
+        """Fail every call still waiting (its episode ended without waiting for it)."""
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for call in pending:
+            call.future.set_exception(RuntimeError(reason))
+
     def wake(self) -> None:
         """Let a waiting :meth:`take` re-check ``callers()`` (an episode finished)."""
         with self._cond:
