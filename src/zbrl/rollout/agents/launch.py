@@ -53,6 +53,9 @@ class AgentLauncher:
         self.run = run
         self.command = command
         self.timeout_s = timeout_s
+        self._client: Any = None
+        """One ``openai.AsyncOpenAI`` (one connection pool) per endpoint URL; each episode gets a
+        copy with its own key."""
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="zbrl-agents", daemon=True).start()
 
@@ -75,8 +78,10 @@ class AgentLauncher:
         import openai
 
         assert self.run is not None
-        async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
-            return outcome_of(await self.run(client, example))
+        if self._client is None or str(self._client.base_url).rstrip("/") != base_url:
+            self._client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+        client = self._client.with_options(api_key=key)
+        return outcome_of(await self.run(client, example))
 
     async def _subprocess(self, base_url: str, key: str, example: dict[str, Any]) -> AgentOutcome:
         assert self.command is not None
