@@ -105,12 +105,31 @@ def test_unknown_key_limits_and_tool_calls(served):
         client(endpoint, "nobody").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "1"}]
         )
+    # past max_turns the episode ends, truncated: an empty "length" answer, counted
     key = endpoint.open_episode(EpisodeBudget(max_calls=1, max_total_tokens=200))
     api = client(endpoint, key)
-    api.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1"}])
-    with pytest.raises(openai.BadRequestError, match="max_turns"):
-        api.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1"}])
-    assert endpoint.close_episode(key).counts == {"turn_limit": 1}
+    messages = [{"role": "user", "content": "1"}]
+    first = api.chat.completions.create(model="policy", messages=messages)
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    late = api.chat.completions.create(
+        model="policy", messages=[*messages, {"role": "user", "content": "2"}]
+    )
+    assert (late.choices[0].message.content, late.choices[0].finish_reason) == ("", "length")
+    tokens = endpoint.close_episode(key)
+    assert tokens.counts == {"turn_limit": 1} and tokens.ended and len(tokens.calls) == 1
+    # a message that leaves no room ends the episode and is not kept
+    key = endpoint.open_episode(EpisodeBudget(max_calls=4, max_total_tokens=25))
+    api = client(endpoint, key)
+    messages = [{"role": "user", "content": "12*34"}]
+    first = api.chat.completions.create(model="policy", messages=messages)
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    late = api.chat.completions.create(
+        model="policy", messages=[*messages, {"role": "user", "content": "4" * 30}]
+    )
+    assert late.choices[0].finish_reason == "length"
+    tokens = endpoint.close_episode(key)
+    assert tokens.counts == {"token_limit": 1}
+    assert tokens.ids == tokens.ids[: tokens.prompt_len] + tokens.calls[0]["completion_ids"]
 
 
 def test_hermes_tool_calls_come_back_as_openai_tool_calls():

@@ -29,11 +29,13 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
     eos_ids = set(getattr(backend, "eos_ids", None) or {tokenizer.eos_token_id})
     if isinstance(env_cfg, AgentEnvironment):  # the agent drives, through the endpoint
         environment = build_agent_environment(env_cfg, tokenizer, eos_ids)
+        formatter = environment.endpoint.renderer.formatter  # the agent's messages, any role
     else:
         environment = build_environment(env_cfg)
+        formatter = TurnFormatter(tokenizer, env_cfg.message_role, eos_ids=eos_ids)
     return EpisodeRunner(
         environment,
-        ChatTranscript(TurnFormatter(tokenizer, env_cfg.message_role, eos_ids=eos_ids)),
+        ChatTranscript(formatter),
         EpisodeLimitSettings(
             max_turns=env_cfg.limits.max_turns,
             max_total_tokens=env_cfg.limits.max_total_tokens,

@@ -112,7 +112,9 @@ def _completion(
         token_ids=torch.tensor(ids, dtype=torch.long),
         logprobs=torch.tensor(t.logprobs[start:], dtype=torch.float32),
         text=outcome.answer if outcome.answer is not None else (last["text"] if last else ""),
-        finish_reason="length" if last and last["finish_reason"] == "length" else "stop",
+        finish_reason="length"
+        if t.ended or (last and last["finish_reason"] == "length")
+        else "stop",
         versions=(
             torch.tensor(versions, dtype=torch.long)
             if any(v != version for v in versions)

@@ -69,6 +69,8 @@ class ConversationTokens:
     messages: list[dict[str, Any]] | None = None
     tools: Any = None
     last_model_ids: list[int] = field(default_factory=list)
+    ended: bool = False
+    """Past a limit: the episode is over (truncated); later calls get an empty answer."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, name: str) -> None:
@@ -143,6 +145,10 @@ class ConversationTokens:
         self.last_model_ids = ids
         if answer is not None and self.messages is not None:
             self.messages.append(answer)
+
+    def cut(self, n: int) -> None:
+        """Drop everything after the first ``n`` ids (rendered tokens not to keep)."""
+        del self.ids[n:], self.mask[n:], self.logprobs[n:], self.versions[n:]
 
     def _render(self, messages: list[dict[str, Any]], tools: Any, gen: bool) -> str:
         return self.renderer.render(messages, tools, generation_prompt=gen)

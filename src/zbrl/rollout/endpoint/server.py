@@ -87,9 +87,7 @@ class Endpoint:
     def start(self) -> str:
         """Listen (in a daemon thread); the base URL (``http://host:port/v1``)."""
         if self._server is None:
-            self._server = ThreadingHTTPServer(
-                (self.settings.host, self.settings.port), _handler(self)
-            )
+            self._server = _Server((self.settings.host, self.settings.port), _handler(self))
             self._server.daemon_threads = True
             threading.Thread(
                 target=self._server.serve_forever, name="zbrl-endpoint", daemon=True
@@ -157,19 +155,22 @@ class Endpoint:
     def _complete(
         self, request: api.Request, tokens: ConversationTokens, episode: _Open | None, chat: bool
     ) -> dict[str, Any]:
+        if episode is not None and tokens.ended:
+            return self._ended(chat)
         if episode is not None and len(tokens.calls) >= episode.budget.max_calls:
-            tokens.count("turn_limit")
-            raise api.RequestError(
-                f"the episode has made its {episode.budget.max_calls} calls "
-                "(environment.limits.max_turns)",
-                code="episode_limit",
-            )
+            return self._end(tokens, "turn_limit", chat)
+        before = len(tokens.ids)
         if chat:
             assert request.messages is not None
             context = tokens.chat_context(request.messages, request.tools)
         else:
             assert request.prompt is not None
             context = tokens.text_context(request.prompt)
+        if episode is not None and (
+            len(tokens.ids) - tokens.prompt_len >= episode.budget.max_total_tokens
+        ):
+            tokens.cut(before)  # the message that leaves no room is not part of the episode
+            return self._end(tokens, "token_limit", chat)
         params = self._params(request, tokens, episode)
         generated = self.queue.submit(context, params).result(
             timeout=self.settings.request_timeout_s
@@ -184,6 +185,19 @@ class Endpoint:
             )
         tokens.record(generated, None)
         return api.text_response(self.model_name, c.text, c.finish_reason, n_prompt, n_completion)
+
+    def _end(self, tokens: ConversationTokens, limit: str, chat: bool) -> dict[str, Any]:
+        """An episode past a limit ends, truncated, as a built-in episode does (counted in
+        ``env/<limit>``); this and every later call get an empty ``length`` answer."""
+        tokens.count(limit)
+        tokens.ended = True
+        return self._ended(chat)
+
+    def _ended(self, chat: bool) -> dict[str, Any]:
+        if chat:
+            empty = {"role": "assistant", "content": ""}
+            return api.chat_response(self.model_name, empty, "length", 0, 0)
+        return api.text_response(self.model_name, "", "length", 0, 0)
 
     def _params(
         self, request: api.Request, tokens: ConversationTokens, episode: _Open | None
@@ -204,15 +218,14 @@ class Endpoint:
             assert self.episode_params is not None, "episodes opened without sampling params"
             base = self.episode_params
             room = episode.budget.max_total_tokens - (len(tokens.ids) - tokens.prompt_len)
-            if room < 1:
-                tokens.count("token_limit")
-                raise api.RequestError(
-                    "the episode has used its token budget (environment.limits.max_total_tokens)",
-                    code="episode_limit",
-                )
         limit = min(base.max_new_tokens, room, request.max_tokens or room)
         stops = tuple(dict.fromkeys(base.stop_strings + request.stop))
         return replace(base, n=1, max_new_tokens=limit, stop_strings=stops)
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024
+    """Connections waiting to be accepted (the standard library's 5 refuses a burst of agents)."""
 
 
 def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
