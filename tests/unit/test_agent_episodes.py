@@ -3,8 +3,10 @@ the endpoint with an ``openai`` client; the episode runner generates the calls i
 trains the tokens the endpoint recorded. Failures are counted and their groups dropped."""
 
 import asyncio
+import sys
 from dataclasses import replace
 
+import pytest
 from episode_stubs import EOS, TOKENIZER, ScriptedBackend, encoded
 from role_settings import buffer_settings, sampling_params
 from test_buffer import make_group
@@ -136,3 +138,32 @@ def test_buffer_drops_groups_with_failed_episodes():
     assert buf.stats.groups_failed_episodes == 1
     assert buf.stats.per_reason == {"failed_episodes": 1}
     assert buf.take(1, timeout=0)[0] != "batch"
+
+
+PROGRAM = """
+import json, sys
+import openai
+example = json.load(sys.stdin)
+client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+reply = client.chat.completions.create(model="policy", messages=example["messages"])
+print("some log line")
+print(json.dumps(reply.choices[0].message.content))
+"""
+
+
+@pytest.mark.slow  # a Python process that imports openai: a few seconds
+def test_a_program_runs_an_episode_with_the_openai_environment_variables():
+    backend = ScriptedBackend(calc_then_answer)
+    endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
+    launcher = AgentLauncher(None, [sys.executable, "-c", PROGRAM], timeout_s=60.0)
+    formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
+    runner = EpisodeRunner(
+        AgentEnvironment(endpoint, launcher), ChatTranscript(formatter), EpisodeLimitSettings(4, 99)
+    )
+    (group,) = runner.run(backend.generate, [encoded("2*3")], sampling_params(n=1))
+    (c,) = group
+    assert c.failure is None and c.text == "<calc>2*3</calc>" and c.given_reward is None
+    assert c.token_ids[c.loss_mask].tolist() == backend.generated[0][1]
+    crashing = AgentLauncher(None, [sys.executable, "-c", "raise SystemExit(3)"], 60.0)
+    outcome = crashing.launch(endpoint.base_url, "k", {}).result()
+    assert outcome.failure == "agent_crashes" and outcome.detail.startswith("exit 3")
