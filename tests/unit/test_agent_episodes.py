@@ -167,3 +167,46 @@ def test_a_program_runs_an_episode_with_the_openai_environment_variables():
     crashing = AgentLauncher(None, [sys.executable, "-c", "raise SystemExit(3)"], 60.0)
     outcome = crashing.launch(endpoint.base_url, "k", {}).result()
     assert outcome.failure == "agent_crashes" and outcome.detail.startswith("exit 3")
+
+
+async def two_turn_agent(client, example):
+    """Sends the model's answer back with a follow-up question, once."""
+    messages = list(example["messages"])
+    first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    messages += [{"role": "user", "content": "and 1+1?"}]
+    second = await client.chat.completions.create(model="policy", messages=messages)
+    return second.choices[0].message.content
+
+
+def test_embedded_model_agent_episodes_are_the_generated_tokens(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
+
+    backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), TOKENIZER)
+    calls = []
+
+    def generate(contexts, params):
+        out = backend.generate(contexts, params)
+        calls.extend((ctx, c[0].token_ids.tolist()) for ctx, c in zip(contexts, out, strict=True))
+        return out
+
+    runner = agent_runner(two_turn_agent)
+    prompts = [encoded("12+30", uid="a"), encoded("7+8", uid="b")]
+    groups = runner.run(generate, prompts, sampling_params(n=2, max_new_tokens=8))
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            assert c.failure is None and c.prompt_ids == prompt.prompt_ids
+            full = c.prompt_ids + c.token_ids.tolist()
+            n = len(c.prompt_ids)
+            models = [t for t in c.turns if t["role"] == "model"]
+            assert len(models) == 2
+            for turn in models:  # generated from exactly the tokens before it, kept as generated
+                assert (
+                    full[: n + turn["start"]],
+                    full[n + turn["start"] : n + turn["end"]],
+                ) in calls
+            trained = sum(t["end"] - t["start"] for t in models)
+            assert int(c.loss_mask.sum()) == trained
+            assert c.logprobs[c.loss_mask].lt(0).all() and c.logprobs[~c.loss_mask].eq(0).all()
