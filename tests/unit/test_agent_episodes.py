@@ -63,12 +63,12 @@ class LastNumber(BaseReward):
         return RewardResult(reward=float(right), format_acc=1.0, ans_acc=float(right))
 
 
-def agent_runner(agent, timeout_s=20.0):
+def agent_runner(agent, timeout_s=20.0, tokenizer=TOKENIZER, eos_ids=frozenset({EOS})):
     """A long batching window: a batch closes when every running episode has called."""
     settings = replace(SETTINGS, batch_window_s=10.0)
-    endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), settings, "policy")
+    endpoint = Endpoint(Renderer(tokenizer, set(eos_ids)), settings, "policy")
     env = AgentEnvironment(endpoint, AgentLauncher(agent, None, timeout_s))
-    formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
+    formatter = TurnFormatter(tokenizer, "user", eos_ids=set(eos_ids))
     return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(4, 200))
 
 
