@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from zbrl.errors import RunError
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.endpoint import openai_api as api
 from zbrl.rollout.endpoint.calls import CallQueue
@@ -87,7 +88,15 @@ class Endpoint:
     def start(self) -> str:
         """Listen (in a daemon thread); the base URL (``http://host:port/v1``)."""
         if self._server is None:
-            self._server = _Server((self.settings.host, self.settings.port), _handler(self))
+            address = (self.settings.host, self.settings.port)
+            try:
+                self._server = _Server(address, _handler(self))
+            except OSError as e:
+                raise RunError(
+                    f"the endpoint cannot listen on {address[0]}:{address[1]} ({e.strerror}); "
+                    "choose another port (environment.endpoint.port, `zbrl serve --port`; 0 picks "
+                    "a free one) or host"
+                ) from None
             self._server.daemon_threads = True
             threading.Thread(
                 target=self._server.serve_forever, name="zbrl-endpoint", daemon=True
