@@ -1,4 +1,4 @@
-"""Command line: zbrl train|resume|demo|eval|report|plan|validate|models."""
+"""Command line: zbrl train|resume|demo|eval|serve|report|plan|validate|models."""
 
 from __future__ import annotations
 
@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_eval)
 
+    from zbrl.evaluation.serve import add_serve_parser
+
+    add_serve_parser(sub)
     from zbrl.planning.command import add_plan_parser
 
     add_plan_parser(sub)

@@ -61,6 +61,9 @@ class RolloutGroup:
     """Responses whose reward failed (no score: their ``rewards`` entry is NaN). The buffer
     never trains such a group: it drops it and counts it (``reward_failed`` in the metrics and
     the run summary)."""
+    episode_failures: int = 0
+    """Episodes that failed without a score (an agent's timeout, crash or malformed result); the
+    buffer drops a group that has any, so no made-up score is trained."""
     loss_masks: list[torch.Tensor] | None = None
     """Multi-turn episodes: G bool tensors, each [L_i], True on the tokens the model generated
     (environment tokens are in ``response_ids`` but outside the loss); None: every response
@@ -115,6 +118,7 @@ class RolloutGroup:
         state.setdefault("episodes", None)
         state.setdefault("env_counts", {})
         state.setdefault("reward_failed", 0)
+        state.setdefault("episode_failures", 0)
         self.__dict__.update(state)
 
     @property

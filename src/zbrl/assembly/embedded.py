@@ -9,14 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from zbrl.config import EMBEDDED, RewardModelReward, RunConfig
-from zbrl.config.environments import CalculatorTool, ToolsEnvironment
+from zbrl.config.environments import AgentEnvironment, CalculatorTool, ToolsEnvironment
 from zbrl.errors import RunError
 
 
 def uses_tag_calculator(cfg: RunConfig) -> bool:
     """True when the run's environment offers a calculator in the ``tags`` format (the tool
-    demo's setting: its task files and warm start then teach calculator traces)."""
+    demo's setting: its task files and warm start then teach calculator traces), or its agent
+    calls one that way (``environment.embedded_tools=calculator``)."""
     env = cfg.environment
+    if isinstance(env, AgentEnvironment):
+        return env.embedded_tools == "calculator"
     return (
         isinstance(env, ToolsEnvironment)
         and env.call_format == "tags"

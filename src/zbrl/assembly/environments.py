@@ -18,21 +18,27 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
     env_cfg = cfg.environment
     if env_cfg is None:  # which environment the config asks for; the rollout path is the same
         return single_turn_episodes(backend.tokenizer, max_new_tokens)
+    from zbrl.config.environments import AgentEnvironment
     from zbrl.environments.build import build_environment
+    from zbrl.rollout.agents.build import build_agent_environment
     from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
     from zbrl.rollout.transcripts import ChatTranscript
     from zbrl.rollout.turns import TurnFormatter
 
     tokenizer = backend.tokenizer
     eos_ids = set(getattr(backend, "eos_ids", None) or {tokenizer.eos_token_id})
-    environment = build_environment(env_cfg)
-    told = tool_prompt_of(env_cfg, environment, tokenizer)
-    formatter = TurnFormatter(
-        tokenizer,
-        env_cfg.message_role,
-        eos_ids=eos_ids,
-        tools=told.tools if told is not None else None,
-    )
+    if isinstance(env_cfg, AgentEnvironment):  # the agent drives, through the endpoint
+        environment = build_agent_environment(env_cfg, tokenizer, eos_ids)
+        formatter = environment.endpoint.renderer.formatter  # the agent's messages, any role
+    else:
+        environment = build_environment(env_cfg)
+        told = tool_prompt_of(env_cfg, environment, tokenizer)
+        formatter = TurnFormatter(
+            tokenizer,
+            env_cfg.message_role,
+            eos_ids=eos_ids,
+            tools=told.tools if told is not None else None,
+        )
     return EpisodeRunner(
         environment,
         ChatTranscript(formatter),

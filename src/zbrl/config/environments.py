@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from zbrl.config.base import Section
 from zbrl.config.plugin import as_plugin_dict, check_import_path, plugin_union
@@ -142,8 +142,61 @@ class UserEnvironment(EnvironmentBase):
     _check_type = field_validator("type")(classmethod(lambda cls, v: check_import_path(v)))
 
 
-EnvironmentConfig = plugin_union(ToolsEnvironment, UserEnvironment)
-"""The environment of multi-turn episodes: ``tools`` or ``package.module:Class``."""
+class AgentEndpoint(Section):
+    """The OpenAI-compatible endpoint each producer (and the evaluator) serves to its agents
+    (docs/agents.md)."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on (loopback unless the agents run elsewhere)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port; 0 picks a free one (each producer and the evaluator listen on their own)."""
+    batch_window_s: float = Field(default=0.02, ge=0)
+    """Longest wait, after a backend batch's first call, for the other episodes' calls (a batch
+    also closes as soon as every running episode has called)."""
+    max_concurrency: int = Field(default=64, ge=1)
+    """Calls per backend batch at most."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest a request waits for its completion (then it is answered 504)."""
+
+
+class AgentEnvironment(EnvironmentBase):
+    """A user's agent runs each episode against the endpoint (docs/agents.md): an async function
+    ``run(client, example)`` given an ``openai.AsyncOpenAI`` client, or a program given
+    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. What it returns is the episode's reward (a
+    number) or its final answer (a string, scored by the run's ``reward``)."""
+
+    type: Literal["agent"] = "agent"
+    """Environment discriminator."""
+    run: str | None = None
+    """``package.module:function``: ``async def run(client, example) -> float | str``."""
+    command: list[str] | None = None
+    """A program (argv) run once per episode, the example as JSON on stdin; the last line of its
+    stdout is its result as JSON (a number or a string)."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Longest an episode may run; past it the episode is dropped (``env/agent_timeouts``)."""
+    endpoint: AgentEndpoint = Field(default_factory=AgentEndpoint)
+    """Where and how the endpoint serves the agents."""
+    embedded_tools: Literal["none", "calculator"] = "none"
+    """On the embedded model: ``calculator`` takes the tool demo's task files and warm start
+    (calculator traces in the ``tags`` format, ``<calc>…</calc>``), for an agent that calls a
+    calculator that way; ``none``: the plain task's."""
+
+    _check_run = field_validator("run")(
+        classmethod(lambda cls, v: v if v is None else check_import_path(v))
+    )
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentEnvironment:
+        if (self.run is None) == (self.command is None):
+            raise ValueError(
+                "environment: an agent environment needs exactly one of `run` "
+                "(package.module:function) or `command` (a program's argv)"
+            )
+        return self
+
+
+EnvironmentConfig = plugin_union(ToolsEnvironment, AgentEnvironment, UserEnvironment)
+"""The environment of multi-turn episodes: ``tools``, ``agent`` or ``package.module:Class``."""
 
 
 def environment_shorthand(value: Any) -> Any:

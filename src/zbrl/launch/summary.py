@@ -62,6 +62,7 @@ def build_summary(
         "groups_filtered": int(
             buffer_stats["groups_filtered_accuracy"] + buffer_stats["groups_filtered_truncated"]
         ),
+        "groups_failed_episodes": int(buffer_stats["groups_failed_episodes"]),
         "partial_batches": int(buffer_stats["partial_batches"]),
         "reward_failed_responses": int(buffer_stats["responses_reward_failed"]),
         "reward_failed_groups_dropped": int(buffer_stats["groups_dropped_reward_failed"]),

@@ -75,6 +75,15 @@ class EpisodeCompletion(Completion):
     """The environment's judgement of the episode, if it gave one."""
     counts: dict[str, int] = field(default_factory=dict)
     """Events (``turns``, ``tool_calls``, ``tool_errors``, ``turn_limit``, ``token_limit``, ...)."""
+    prompt_ids: list[int] | None = None
+    """The group's prompt when it is not the dataset prompt's ids (agent episodes: what the
+    agent's first requests share); None: the dataset prompt."""
+    given_reward: float | None = None
+    """The episode's reward as its environment gave it (an agent that returned a number); None:
+    scored by the run's reward."""
+    failure: str | None = None
+    """Why the episode failed (an agent's timeout, crash or malformed result); a group with a
+    failed episode is dropped, never trained (``RolloutGroup.episode_failures``)."""
 
 
 class Transcript(Protocol):
@@ -168,6 +177,9 @@ class EpisodeRunner:
             max_new_tokens=min(params.max_new_tokens, self.limits.max_total_tokens),
             stop_strings=tuple(dict.fromkeys(params.stop_strings + self.extra_stops)),
         )
+        drive = getattr(self.environment, "run_episodes", None)
+        if drive is not None:  # an agent drives its episodes; the calls are generated here
+            return drive(generate, prompts, turn_params, version, self.limits)
         groups = [
             [_Live(list(p.prompt_ids), self._start(p.example)) for _ in range(params.n)]
             for p in prompts
@@ -211,13 +223,19 @@ class EpisodeRunner:
         flat = [c for group in episodes for c in group]
         scored: list[RewardResult | None] = [None] * len(flat)
         if self.score_final_turn:
-            scored = list(
-                reward.score_batch(
-                    [c.text for c in flat],
-                    [ex for ex, group in zip(examples, episodes, strict=True) for _ in group],
-                    [ctx for group in contexts for ctx in group],
+            flat_examples = [
+                ex for ex, group in zip(examples, episodes, strict=True) for _ in group
+            ]
+            flat_contexts = [ctx for group in contexts for ctx in group]
+            todo = [i for i, c in enumerate(flat) if c.given_reward is None and c.failure is None]
+            if todo:
+                got = reward.score_batch(
+                    [flat[i].text for i in todo],
+                    [flat_examples[i] for i in todo],
+                    [flat_contexts[i] for i in todo],
                 )
-            )
+                for i, r in zip(todo, got, strict=True):
+                    scored[i] = r
         results = [episode_result(c, r) for c, r in zip(flat, scored, strict=True)]
         out, start = [], 0
         for group in contexts:
@@ -363,7 +381,14 @@ def _turn_versions(c: Completion, version: int) -> list[int]:
 
 def episode_result(c: EpisodeCompletion, scored: RewardResult | None) -> RewardResult:
     """The episode's reward: the run's reward of the final turn (``scored``; None when the
-    environment alone rewards) plus the environment's turn rewards."""
+    environment alone rewards) plus the environment's turn rewards; the environment's own reward
+    when it gave one (``given_reward``), 0 for a failed episode (whose group is dropped)."""
+    if c.failure is not None:
+        return RewardResult(reward=0.0, format_acc=0.0, ans_acc=0.0)
+    if c.given_reward is not None:
+        return RewardResult(
+            reward=c.given_reward, format_acc=1.0, ans_acc=float(c.given_reward > 0)
+        )
     if scored is None:
         acc = c.env_ans_acc if c.env_ans_acc is not None else float(c.turn_reward > 0)
         return RewardResult(reward=c.turn_reward, format_acc=1.0, ans_acc=acc)

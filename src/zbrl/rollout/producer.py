@@ -275,7 +275,11 @@ class Producer:
             version = min((int(v.min()) for v in token_versions if v.numel()), default=version)
         return RolloutGroup(
             uid=f"{prompt.uid}@e{epoch}",
-            prompt_ids=list(prompt.prompt_ids),
+            prompt_ids=list(
+                prompt.prompt_ids
+                if completions[0].prompt_ids is None
+                else completions[0].prompt_ids
+            ),
             response_ids=[c.token_ids for c in completions],
             behaviour_logprobs=[c.logprobs for c in completions],
             rewards=[r.reward for r in results],
@@ -283,6 +287,7 @@ class Producer:
             ans_acc=[r.ans_acc for r in results],
             reward_timeouts=sum(r.timed_out for r in results),
             reward_failed=sum(r.failed for r in results),
+            episode_failures=sum(c.failure is not None for c in completions),
             truncated=[ctx.truncated for ctx in contexts],
             policy_version=version,
             temperature=temperature,

@@ -87,6 +87,8 @@ class BufferStats:
     samples_generated: int = 0
     groups_filtered_accuracy: int = 0
     groups_filtered_truncated: int = 0
+    groups_failed_episodes: int = 0
+    """Groups dropped because an episode failed without a score (an agent's failure)."""
     groups_dropped_stale: int = 0
     groups_dropped_reward_failed: int = 0
     """Groups with a response whose reward failed (no score), dropped on arrival: never trained
@@ -431,6 +433,9 @@ class RolloutBuffer:
         if group.reward_failed:  # a failure is never trained as a score, whatever the filters
             self.stats.groups_dropped_reward_failed += 1
             return "reward_failed"
+        if group.episode_failures:
+            self.stats.groups_failed_episodes += 1
+            return "failed_episodes"
         if st.dynamic_batching and not group_in_accuracy_range(group.ans_acc, st.filter_range):
             self.stats.groups_filtered_accuracy += 1
             return "accuracy_out_of_range"

@@ -1,0 +1,44 @@
+"""The agent of recipes/demo_agent.yaml: solves the tool demo's products through the endpoint
+with the ``openai`` client, running the model's ``<calc>…</calc>`` calls itself.
+
+It writes the conversation the built-in tools environment would (``call_format: tags``,
+``message_role: user``): the model's turn, then the calculator's results one per line as the next
+user message, until a turn calls no tool; that turn's text is the final answer, which the run's
+reward scores. The endpoint turns the conversation into the same tokens, so the tool demo's warm
+start applies (docs/agents.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zbrl.environments.tool_calls import MalformedCall, parse_tags
+from zbrl.environments.tools import Calculator, call_tool
+
+CALCULATOR = Calculator()
+TAGS = {CALCULATOR.tag: (CALCULATOR.name, CALCULATOR.argument)}
+MAX_TURNS = 3
+TOOL_TIMEOUT_S = 5.0
+
+
+async def solve(client: Any, example: dict[str, Any]) -> str:
+    """One episode: the final answer's text (scored by the run's reward)."""
+    messages = list(example["messages"])
+    text = ""
+    for _ in range(MAX_TURNS):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        text = reply.choices[0].message.content or ""
+        calls = parse_tags(text, TAGS)
+        if not calls:
+            return text
+        results = [
+            f"error: malformed tool call: {c.reason}"
+            if isinstance(c, MalformedCall)
+            else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
+            for c in calls
+        ]
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "\n".join(r.strip() for r in results)},
+        ]
+    return text

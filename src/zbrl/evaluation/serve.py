@@ -1,0 +1,111 @@
+"""``zbrl serve MODEL``: the endpoint of agent episodes (:mod:`zbrl.rollout.endpoint`) over a
+checkpoint or any model directory, to talk to a trained model or evaluate it with outside tools
+that speak the OpenAI API (docs/agents.md). Any API key is accepted; each request is a
+conversation of its own and nothing is recorded. A request's ``temperature``, ``top_p``,
+``max_tokens`` and ``stop`` apply (defaults: ``--temperature``, ``--max-tokens``)."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from zbrl.config import RunConfig, load_config
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.endpoint.calls import serve_calls
+from zbrl.rollout.endpoint.conversation import Renderer
+from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
+
+
+@dataclass
+class Serving:
+    """A running ``zbrl serve``: its endpoint and the thread that answers its calls."""
+
+    endpoint: Endpoint
+    stop_event: threading.Event
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join()
+        self.endpoint.stop()
+
+
+def start_serving(
+    cfg: RunConfig,
+    model_dir: Path,
+    settings: EndpointSettings,
+    *,
+    temperature: float,
+    max_tokens: int,
+) -> Serving:
+    """Load ``model_dir`` with ``cfg``'s backend and serve it (in background threads)."""
+    from zbrl.assembly.models import build_backend
+
+    backend = build_backend(cfg, model_dir, model_dir)
+    eos_ids = set(getattr(backend, "eos_ids", None) or {backend.tokenizer.eos_token_id})
+    params = SamplingParams(
+        n=1,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=max_tokens,
+        stop_strings=(),
+    )
+    endpoint = Endpoint(
+        Renderer(backend.tokenizer, eos_ids), settings, model_dir.name, serve_params=params
+    )
+    endpoint.start()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=serve_calls,
+        args=(endpoint.queue, backend.generate, 0, stop),
+        name="zbrl-serve",
+        daemon=True,
+    )
+    thread.start()
+    return Serving(endpoint, stop, thread)
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a checkpoint or model over an OpenAI-compatible endpoint",
+        description="Serves /v1/chat/completions, /v1/completions and /v1/models (docs/agents.md).",
+    )
+    p.add_argument("model", help="checkpoint or model directory")
+    p.add_argument("--recipe", default=None, help="take model and rollout settings from a recipe")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
+    p.add_argument("--temperature", type=float, default=1.0, help="default temperature")
+    p.add_argument("--max-tokens", type=int, default=None, help="default and largest max_tokens")
+    p.add_argument("--batch-window", type=float, default=0.02, help="seconds to gather a batch")
+    p.add_argument("--max-batch", type=int, default=64, help="requests per backend batch at most")
+    p.set_defaults(func=run_serve_command)
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    from zbrl.models.quiet import quiet_transformers
+
+    quiet_transformers()
+    cfg = load_config(args.recipe, [])
+    serving = start_serving(
+        cfg,
+        Path(args.model),
+        EndpointSettings(
+            host=args.host,
+            port=args.port,
+            batch_window_s=args.batch_window,
+            max_batch=args.max_batch,
+            request_timeout_s=600.0,
+        ),
+        temperature=args.temperature,
+        max_tokens=args.max_tokens or cfg.rollout.generation.max_new_tokens,
+    )
+    print(f"[zbrl] serving {args.model} at {serving.endpoint.base_url} (Ctrl-C stops)", flush=True)
+    try:
+        serving.thread.join()
+    except KeyboardInterrupt:
+        serving.stop()
+    return 0

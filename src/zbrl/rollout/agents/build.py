@@ -1,0 +1,56 @@
+"""An agent environment from its configuration (``environment`` with ``type: agent``)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from zbrl.config.environments import AgentEnvironment as AgentConfig
+from zbrl.errors import RunError
+from zbrl.registry import import_object
+from zbrl.rollout.agents.environment import AgentEnvironment
+from zbrl.rollout.agents.launch import AgentLauncher
+from zbrl.rollout.endpoint.conversation import Renderer
+from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
+
+
+def build_agent_environment(
+    cfg: AgentConfig, tokenizer: Any, eos_ids: set[int]
+) -> AgentEnvironment:
+    """The agent of ``cfg`` behind an endpoint over ``tokenizer``'s chat template (started on the
+    first episode)."""
+    run = None
+    if cfg.run is not None:
+        try:
+            run = import_object(cfg.run, "environment.run")
+        except (ImportError, ValueError) as e:
+            reason = e.__cause__ or e
+            raise RunError(
+                f"environment.run: cannot import {cfg.run} ({reason}); check the module path"
+            ) from None
+        if not inspect.iscoroutinefunction(run):
+            raise RunError(
+                f"environment.run: {cfg.run} is not an async function; write it as "
+                "`async def run(client, example)` (docs/agents.md)"
+            )
+    try:
+        import openai  # noqa: F401  (the client handed to the agent function)
+    except ImportError:
+        if run is not None:
+            raise RunError(
+                "environment.type=agent with `run` needs the openai client: "
+                "pip install 'zbrl[agents]'"
+            ) from None
+    ep = cfg.endpoint
+    endpoint = Endpoint(
+        Renderer(tokenizer, eos_ids),
+        EndpointSettings(
+            host=ep.host,
+            port=ep.port,
+            batch_window_s=ep.batch_window_s,
+            max_batch=ep.max_concurrency,
+            request_timeout_s=ep.request_timeout_s,
+        ),
+        model_name="policy",
+    )
+    return AgentEnvironment(endpoint, AgentLauncher(run, cfg.command, cfg.timeout_s))

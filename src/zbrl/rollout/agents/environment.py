@@ -1,0 +1,159 @@
+"""``environment.type: agent`` as an environment of the one episode runner.
+
+The runner hands an agent environment the same ``generate`` it gives every environment
+(:meth:`EpisodeRunner.run` calls :meth:`AgentEnvironment.run_episodes`): for each sample an
+episode is opened on the endpoint and the agent is started with that episode's key; the runner's
+thread then answers the endpoint's calls in batches with ``generate`` until every agent has
+returned. Each episode becomes an :class:`EpisodeCompletion` from the tokens the endpoint
+recorded, scored like any other episode (:meth:`EpisodeRunner.score`).
+
+A group's prompt is what its episodes' first requests share (the longest common prefix of their
+prompt ids); the rest of each episode, its own prompt remainder included, is its response, with
+the loss on the model's tokens only. An agent that times out, crashes or returns something
+malformed fails its episode: the episode carries ``failure`` and its group is dropped by the
+buffer, never trained on a made-up score (``env/agent_*`` counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from zbrl.rollout.agents.launch import AgentLauncher, AgentOutcome
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.endpoint.calls import answer
+from zbrl.rollout.endpoint.conversation import ConversationTokens
+from zbrl.rollout.endpoint.server import Endpoint, EpisodeBudget
+from zbrl.rollout.episodes import EpisodeCompletion, EpisodeLimitSettings, Generate
+from zbrl.types import EncodedPrompt
+
+POLL_S = 0.05
+"""How often the runner's thread looks again for calls while agents work."""
+
+
+class AgentEnvironment:
+    """Episodes run by a user's agent through ``endpoint`` (see the module docstring)."""
+
+    def __init__(self, endpoint: Endpoint, launcher: AgentLauncher) -> None:
+        self.endpoint = endpoint
+        self.launcher = launcher
+
+    def run_episodes(
+        self,
+        generate: Generate,
+        prompts: list[EncodedPrompt],
+        params: SamplingParams,
+        version: int,
+        limits: EpisodeLimitSettings,
+    ) -> list[list[EpisodeCompletion]]:
+        """``params.n`` agent episodes per prompt, every call answered by ``generate``."""
+        base_url = self.endpoint.start()
+        self.endpoint.episode_params = replace(params, n=1)
+        budget = EpisodeBudget(limits.max_turns, limits.max_total_tokens)
+        started = [
+            [
+                (key, self.launcher.launch(base_url, key, p.example))
+                for key in (self.endpoint.open_episode(budget) for _ in range(params.n))
+            ]
+            for p in prompts
+        ]
+        futures = [f for group in started for _, f in group]
+        for f in futures:
+            f.add_done_callback(lambda _: self.endpoint.queue.wake())
+
+        def running() -> int:
+            return sum(not f.done() for f in futures)
+
+        while running():
+            batch = self.endpoint.queue.take(running, timeout_s=POLL_S)
+            if batch:
+                answer(batch, generate, version)
+        self.endpoint.queue.cancel_pending("the episode's agent has ended")
+        return [
+            _group([(self.endpoint.close_episode(k), f.result()) for k, f in group], version)
+            for group in started
+        ]
+
+
+def _group(
+    episodes: list[tuple[ConversationTokens, AgentOutcome]], version: int
+) -> list[EpisodeCompletion]:
+    """A group's episodes after their shared prompt (see the module docstring)."""
+    shared = _shared_prefix([t.ids[: t.prompt_len] for t, _ in episodes])
+    return [_completion(t, o, shared, version) for t, o in episodes]
+
+
+def _shared_prefix(prompts: list[list[int]]) -> list[int]:
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return first[:n]
+
+
+def _completion(
+    t: ConversationTokens, outcome: AgentOutcome, shared: list[int], version: int
+) -> EpisodeCompletion:
+    start = len(shared)
+    ids = t.ids[start:]
+    counts = dict(t.counts)
+    counts["turns"] = len(t.calls)
+    failure = outcome.failure
+    if failure is None and not t.calls:
+        failure, outcome = "agent_no_calls", replace(outcome, detail="the agent never called")
+    if failure is not None:
+        counts[failure] = counts.get(failure, 0) + 1
+        counts["agent_failures"] = 1
+    last = t.calls[-1] if t.calls else None
+    versions = t.versions[start:]
+    return EpisodeCompletion(
+        token_ids=torch.tensor(ids, dtype=torch.long),
+        logprobs=torch.tensor(t.logprobs[start:], dtype=torch.float32),
+        text=outcome.answer if outcome.answer is not None else (last["text"] if last else ""),
+        finish_reason="length"
+        if t.ended or (last and last["finish_reason"] == "length")
+        else "stop",
+        versions=(
+            torch.tensor(versions, dtype=torch.long)
+            if any(v != version for v in versions)
+            else None
+        ),
+        loss_mask=torch.tensor(t.mask[start:], dtype=torch.bool),
+        turns=_turns(t, start, outcome),
+        counts=counts,
+        prompt_ids=shared,
+        given_reward=outcome.reward,
+        failure=None if failure is None else f"{failure}: {outcome.detail}",
+    )
+
+
+def _turns(t: ConversationTokens, start: int, outcome: AgentOutcome) -> list[dict[str, Any]]:
+    """The episode turn by turn: rendered stretches (``env``, untrained) and calls (``model``)."""
+    turns: list[dict[str, Any]] = []
+    at = start
+    for call in t.calls:
+        begin = call["prompt_tokens"]
+        end = begin + len(call["completion_ids"])
+        if begin > at:
+            turns.append(_turn("env", t, at, begin, start, trained=False))
+        turns.append(_turn("model", t, begin, end, start, trained=True))
+        turns[-1]["policy_version"] = call["version"]
+        if call["tool_calls"]:
+            turns[-1]["info"] = {"tool_calls": call["tool_calls"]}
+        at = end
+    if turns:
+        turns[-1].setdefault("info", {})["agent"] = (
+            {"reward": outcome.reward}
+            if outcome.reward is not None
+            else {"answer": outcome.answer}
+            if outcome.answer is not None
+            else {"failure": outcome.failure, "detail": outcome.detail}
+        )
+    return turns
+
+
+def _turn(role: str, t: ConversationTokens, a: int, b: int, start: int, *, trained: bool):
+    text = t.renderer.decode(t.ids[a:b], skip_special=False)
+    return {"role": role, "start": a - start, "end": b - start, "text": text, "trained": trained}

@@ -1,0 +1,114 @@
+"""Running a user's agent for one episode: an async function ``run(client, example)`` on an event
+loop of its own thread, or a program in a subprocess. Either way the outcome is an
+:class:`AgentOutcome`: a reward, a final answer, or a failure (timeout, crash, malformed result),
+never an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How an episode's agent ended: ``reward`` (it returned a number), ``answer`` (it returned
+    a string, for the run's reward to score) or ``failure`` (``agent_timeouts``,
+    ``agent_crashes`` or ``agent_malformed``, with ``detail``)."""
+
+    reward: float | None = None
+    answer: str | None = None
+    failure: str | None = None
+    detail: str = ""
+
+
+def outcome_of(value: Any) -> AgentOutcome:
+    """What an agent returned, read as an outcome (bool is no number here)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            return AgentOutcome(failure="agent_malformed", detail=f"reward {value}")
+        return AgentOutcome(reward=float(value))
+    if isinstance(value, str):
+        return AgentOutcome(answer=value)
+    return AgentOutcome(
+        failure="agent_malformed",
+        detail=f"returned {type(value).__name__}; an agent returns a number or a string",
+    )
+
+
+class AgentLauncher:
+    """Starts episodes of one agent, each with its own API key, on a private event loop."""
+
+    def __init__(
+        self, run: Callable[..., Any] | None, command: list[str] | None, timeout_s: float
+    ) -> None:
+        self.run = run
+        self.command = command
+        self.timeout_s = timeout_s
+        self._client: Any = None
+        """One ``openai.AsyncOpenAI`` (one connection pool) per endpoint URL; each episode gets a
+        copy with its own key."""
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="zbrl-agents", daemon=True).start()
+
+    def launch(self, base_url: str, key: str, example: dict[str, Any]) -> Future[AgentOutcome]:
+        """One episode of the agent against ``base_url`` with ``key``."""
+        return asyncio.run_coroutine_threadsafe(self._episode(base_url, key, example), self._loop)
+
+    async def _episode(self, base_url: str, key: str, example: dict[str, Any]) -> AgentOutcome:
+        try:
+            if self.run is not None:
+                return await asyncio.wait_for(self._call(base_url, key, example), self.timeout_s)
+            return await self._subprocess(base_url, key, example)
+        except TimeoutError:
+            return AgentOutcome(failure="agent_timeouts", detail=f"past {self.timeout_s} s")
+        except Exception as e:
+            logger.warning("agent episode failed: %s: %s", type(e).__name__, e)
+            return AgentOutcome(failure="agent_crashes", detail=f"{type(e).__name__}: {e}")
+
+    async def _call(self, base_url: str, key: str, example: dict[str, Any]) -> AgentOutcome:
+        import openai
+
+        assert self.run is not None
+        if self._client is None or str(self._client.base_url).rstrip("/") != base_url:
+            self._client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+        client = self._client.with_options(api_key=key)
+        return outcome_of(await self.run(client, example))
+
+    async def _subprocess(self, base_url: str, key: str, example: dict[str, Any]) -> AgentOutcome:
+        assert self.command is not None
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
+        proc = await asyncio.create_subprocess_exec(
+            *self.command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(json.dumps(example).encode()), self.timeout_s
+            )
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace").strip()[-300:]
+            return AgentOutcome(failure="agent_crashes", detail=f"exit {proc.returncode}: {tail}")
+        lines = out.decode(errors="replace").strip().splitlines()
+        try:
+            return outcome_of(json.loads(lines[-1]))
+        except (IndexError, json.JSONDecodeError):
+            return AgentOutcome(
+                failure="agent_malformed",
+                detail="the last line of stdout must be JSON (a number or a string)",
+            )

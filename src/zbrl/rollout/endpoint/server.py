@@ -1,0 +1,279 @@
+"""The endpoint's HTTP server: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
+over the Python standard library's threading HTTP server (one thread per connection; no
+streaming), on loopback unless configured otherwise.
+
+Which episode a request belongs to is its API key (``Authorization: Bearer <key>``): the episode
+runner opens an episode with :meth:`Endpoint.open_episode` and hands its key to the agent (every
+OpenAI client sends its key with every request). A request with an unknown key is refused (401).
+An endpoint made with ``serve_params`` (``zbrl serve``) instead answers any key, each request a
+conversation of its own, and records nothing.
+
+During a run the sampling is the run's (temperature, top-p, top-k: the behaviour policy the
+trainer corrects for); a request's ``temperature`` and ``top_p`` are ignored, its ``max_tokens``
+and ``stop`` are honoured within the episode's token budget. Under ``zbrl serve`` a request's
+own values apply.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from zbrl.errors import RunError
+from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.endpoint import openai_api as api
+from zbrl.rollout.endpoint.calls import CallQueue
+from zbrl.rollout.endpoint.conversation import ConversationTokens, Renderer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """Where the endpoint listens and how it batches."""
+
+    host: str
+    port: int
+    """0: a free port."""
+    batch_window_s: float
+    """Longest wait, after a batch's first call, for the other episodes' calls."""
+    max_batch: int
+    """Calls per backend batch at most (the concurrency bound)."""
+    request_timeout_s: float
+    """Longest a request waits for its completion before it is answered 504."""
+
+
+@dataclass(frozen=True)
+class EpisodeBudget:
+    """An episode's limits: completion calls and tokens after its first prompt."""
+
+    max_calls: int
+    max_total_tokens: int
+
+
+@dataclass
+class _Open:
+    tokens: ConversationTokens
+    budget: EpisodeBudget
+
+
+class Endpoint:
+    """Serves the policy over HTTP and records every call's tokens per episode."""
+
+    def __init__(
+        self,
+        renderer: Renderer,
+        settings: EndpointSettings,
+        model_name: str,
+        serve_params: SamplingParams | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self.settings = settings
+        self.model_name = model_name
+        self.serve_params = serve_params
+        self.episode_params: SamplingParams | None = None
+        """The run's sampling for the episodes now open (set by whoever opens them)."""
+        self.queue = CallQueue(settings.batch_window_s, settings.max_batch)
+        self._episodes: dict[str, _Open] = {}
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Listen (in a daemon thread); the base URL (``http://host:port/v1``)."""
+        if self._server is None:
+            address = (self.settings.host, self.settings.port)
+            try:
+                self._server = _Server(address, _handler(self))
+            except OSError as e:
+                raise RunError(
+                    f"the endpoint cannot listen on {address[0]}:{address[1]} ({e.strerror}); "
+                    "choose another port (environment.endpoint.port, `zbrl serve --port`; 0 picks "
+                    "a free one) or host"
+                ) from None
+            self._server.daemon_threads = True
+            threading.Thread(
+                target=self._server.serve_forever, name="zbrl-endpoint", daemon=True
+            ).start()
+        return self.base_url
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None, "the endpoint is not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # -- episodes --------------------------------------------------------------------------------
+
+    def open_episode(self, budget: EpisodeBudget) -> str:
+        """A new episode; its API key."""
+        key = "zbrl-ep-" + secrets.token_hex(12)
+        with self._lock:
+            self._episodes[key] = _Open(ConversationTokens(self.renderer), budget)
+        return key
+
+    def close_episode(self, key: str) -> ConversationTokens:
+        """Forget the episode of ``key`` (its later requests are refused); its tokens."""
+        with self._lock:
+            return self._episodes.pop(key).tokens
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def handle(self, path: str, key: str | None, body: Any) -> dict[str, Any]:
+        """The JSON answer to a POST of ``body`` to ``path``; a RequestError otherwise."""
+        chat = path.endswith("/chat/completions")
+        if not chat and not path.endswith("/completions"):
+            raise api.RequestError(f"no such endpoint: {path}", status=404, code="not_found")
+        request = api.read_request(body, chat=chat)
+        episode = self._episode(key)
+        tokens = episode.tokens if episode else ConversationTokens(self.renderer)
+        if not tokens.lock.acquire(blocking=False):
+            raise api.RequestError(
+                "another request of this episode is still running; send one at a time",
+                status=409,
+                code="concurrent_request",
+            )
+        try:
+            return self._complete(request, tokens, episode, chat)
+        finally:
+            tokens.lock.release()
+
+    def _episode(self, key: str | None) -> _Open | None:
+        with self._lock:
+            episode = self._episodes.get(key or "")
+        if episode is None and self.serve_params is None:
+            raise api.RequestError(
+                "unknown API key: every request must carry the key of an open episode",
+                status=401,
+                code="invalid_api_key",
+            )
+        return episode
+
+    def _complete(
+        self, request: api.Request, tokens: ConversationTokens, episode: _Open | None, chat: bool
+    ) -> dict[str, Any]:
+        if episode is not None and tokens.ended:
+            return self._ended(chat)
+        if episode is not None and len(tokens.calls) >= episode.budget.max_calls:
+            return self._end(tokens, "turn_limit", chat)
+        before = len(tokens.ids)
+        if chat:
+            assert request.messages is not None
+            context = tokens.chat_context(request.messages, request.tools)
+        else:
+            assert request.prompt is not None
+            context = tokens.text_context(request.prompt)
+        if episode is not None and (
+            len(tokens.ids) - tokens.prompt_len >= episode.budget.max_total_tokens
+        ):
+            tokens.cut(before)  # the message that leaves no room is not part of the episode
+            return self._end(tokens, "token_limit", chat)
+        params = self._params(request, tokens, episode)
+        generated = self.queue.submit(context, params).result(
+            timeout=self.settings.request_timeout_s
+        )
+        c = generated.completion
+        n_prompt, n_completion = len(context), int(c.token_ids.numel())
+        if chat:
+            answer = api.assistant_message(c.text, parse_tools=bool(request.tools))
+            tokens.record(generated, answer)
+            return api.chat_response(
+                self.model_name, answer, c.finish_reason, n_prompt, n_completion
+            )
+        tokens.record(generated, None)
+        return api.text_response(self.model_name, c.text, c.finish_reason, n_prompt, n_completion)
+
+    def _end(self, tokens: ConversationTokens, limit: str, chat: bool) -> dict[str, Any]:
+        """An episode past a limit ends, truncated, as a built-in episode does (counted in
+        ``env/<limit>``); this and every later call get an empty ``length`` answer."""
+        tokens.count(limit)
+        tokens.ended = True
+        return self._ended(chat)
+
+    def _ended(self, chat: bool) -> dict[str, Any]:
+        if chat:
+            empty = {"role": "assistant", "content": ""}
+            return api.chat_response(self.model_name, empty, "length", 0, 0)
+        return api.text_response(self.model_name, "", "length", 0, 0)
+
+    def _params(
+        self, request: api.Request, tokens: ConversationTokens, episode: _Open | None
+    ) -> SamplingParams:
+        if episode is None:
+            assert self.serve_params is not None
+            base = replace(
+                self.serve_params,
+                temperature=(
+                    self.serve_params.temperature
+                    if request.temperature is None
+                    else float(request.temperature)
+                ),
+                top_p=self.serve_params.top_p if request.top_p is None else float(request.top_p),
+            )
+            room = base.max_new_tokens
+        else:
+            assert self.episode_params is not None, "episodes opened without sampling params"
+            base = self.episode_params
+            room = episode.budget.max_total_tokens - (len(tokens.ids) - tokens.prompt_len)
+        limit = min(base.max_new_tokens, room, request.max_tokens or room)
+        stops = tuple(dict.fromkeys(base.stop_strings + request.stop))
+        return replace(base, n=1, max_new_tokens=limit, stop_strings=stops)
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024
+    """Connections waiting to be accepted (the standard library's 5 refuses a burst of agents)."""
+
+
+def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                self._send(200, api.models_response(endpoint.model_name))
+            else:
+                self._send(404, api.error_body(f"no such endpoint: {self.path}", "not_found"))
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            auth = self.headers.get("Authorization") or ""
+            key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            try:
+                body = json.loads(raw or b"null")
+                self._send(200, endpoint.handle(self.path, key, body))
+            except json.JSONDecodeError as e:
+                self._send(400, api.error_body(f"the body is not JSON: {e}", "invalid_json"))
+            except api.RequestError as e:
+                self._send(e.status, api.error_body(str(e), e.code))
+            except TimeoutError:
+                self._send(504, api.error_body("the completion timed out", "timeout"))
+            except Exception as e:  # a failing backend answers 500, never kills the server
+                logger.exception("endpoint request failed")
+                self._send(500, api.error_body(f"{type(e).__name__}: {e}", "server_error"))
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("endpoint: " + format, *args)
+
+    return Handler

@@ -1,0 +1,37 @@
+"""``zbrl serve``: the endpoint over a model directory answers an ``openai`` client."""
+
+import openai
+import pytest
+
+from zbrl.cli import build_parser
+from zbrl.config import load_config
+from zbrl.evaluation.serve import start_serving
+from zbrl.rollout.endpoint.server import EndpointSettings
+
+
+def test_serve_answers_an_openai_client(tiny_model_dir):
+    settings = EndpointSettings("127.0.0.1", 0, 0.01, 8, 60.0)
+    serving = start_serving(
+        load_config(None), tiny_model_dir, settings, temperature=0.0, max_tokens=5
+    )
+    try:
+        client = openai.OpenAI(base_url=serving.endpoint.base_url, api_key="any", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [tiny_model_dir.name]
+        messages = [{"role": "user", "content": "1+2"}]
+        first = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+        again = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+        assert first.choices[0].message.role == "assistant"
+        assert 1 <= first.usage.completion_tokens <= 4 and first.usage.prompt_tokens > 3
+        # greedy: the same answer to the same question, each request a conversation of its own
+        assert again.choices[0].message.content == first.choices[0].message.content
+        text = client.completions.create(model="m", prompt="12", max_tokens=3)
+        assert text.usage.completion_tokens <= 3
+        with pytest.raises(openai.BadRequestError, match="stream"):
+            client.chat.completions.create(model="m", messages=messages, stream=True)
+    finally:
+        serving.stop()
+
+
+def test_serve_command_line():
+    args = build_parser().parse_args(["serve", "ckpt", "--port", "0", "--max-tokens", "16"])
+    assert (args.model, args.port, args.max_tokens, args.host) == ("ckpt", 0, 16, "127.0.0.1")
