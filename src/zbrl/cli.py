@@ -80,6 +80,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from zbrl.evaluation.serve import run_serve_command
+
+    return run_serve_command(args)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from zbrl.evaluation.cli import run_eval_command
 
@@ -169,9 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_eval)
 
-    from zbrl.evaluation.serve import add_serve_parser
-
-    add_serve_parser(sub)
+    _add_serve_parser(sub)
     from zbrl.planning.command import add_plan_parser
 
     add_plan_parser(sub)
@@ -179,6 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_models_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a checkpoint or model over an OpenAI-compatible endpoint",
+        description="Serves /v1/chat/completions, /v1/completions and /v1/models (docs/agents.md).",
+    )
+    p.add_argument(
+        "model",
+        help="what model.path takes: a checkpoint or model directory, a .gguf file, a pulled "
+        "model's name, a Hub id or embedded",
+    )
+    p.add_argument("--recipe", default=None, help="take model and rollout settings from a recipe")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
+    p.add_argument("--temperature", type=float, default=1.0, help="default temperature")
+    p.add_argument("--max-tokens", type=int, default=None, help="default and largest max_tokens")
+    p.add_argument("--batch-window", type=float, default=0.02, help="seconds to gather a batch")
+    p.add_argument("--max-batch", type=int, default=64, help="requests per backend batch at most")
+    p.set_defaults(func=_cmd_serve)
 
 
 USER_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)

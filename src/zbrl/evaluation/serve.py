@@ -68,31 +68,17 @@ def start_serving(
     return Serving(endpoint, stop, thread)
 
 
-def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="serve a checkpoint or model over an OpenAI-compatible endpoint",
-        description="Serves /v1/chat/completions, /v1/completions and /v1/models (docs/agents.md).",
-    )
-    p.add_argument("model", help="checkpoint or model directory")
-    p.add_argument("--recipe", default=None, help="take model and rollout settings from a recipe")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
-    p.add_argument("--temperature", type=float, default=1.0, help="default temperature")
-    p.add_argument("--max-tokens", type=int, default=None, help="default and largest max_tokens")
-    p.add_argument("--batch-window", type=float, default=0.02, help="seconds to gather a batch")
-    p.add_argument("--max-batch", type=int, default=64, help="requests per backend batch at most")
-    p.set_defaults(func=run_serve_command)
-
-
 def run_serve_command(args: argparse.Namespace) -> int:
     from zbrl.models.quiet import quiet_transformers
 
     quiet_transformers()
+    from zbrl.assembly.input_checks import eval_model_dir
+
     cfg = load_config(args.recipe, [])
+    model_dir = eval_model_dir(cfg, args.model, field="model")  # any form model.path takes
     serving = start_serving(
         cfg,
-        Path(args.model),
+        model_dir,
         EndpointSettings(
             host=args.host,
             port=args.port,
