@@ -31,10 +31,13 @@ bubblewrap:
 			"install it with your package manager (apt-get install bubblewrap; docs/sandbox.md)"
 
 # The fast tier (a few minutes on 2 cores): every test but the slow end-to-end checks and the real
-# model; the tiers are described in docs/testing.md.
+# model; the tiers are described in docs/testing.md. TEST_WORKERS pytest-xdist workers share the
+# tests a file at a time (the tests that start a local Ray on one worker, tests/conftest.py):
+# `make test TEST_WORKERS=0` runs them in this process, one after another.
+TEST_WORKERS ?= 2
 test: setup
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q \
-		-m "not slow and not realmodel" tests
+		-n $(TEST_WORKERS) --dist loadgroup -m "not slow and not realmodel" tests
 
 # The slow tier: the end-to-end checks marked slow (signals and resume, killed workers, multi-node,
 # planner against real runs, ...). CI runs it after `make test`.
