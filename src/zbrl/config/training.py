@@ -43,6 +43,13 @@ class Fsdp2Engine(Section):
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward (less memory, one more
     all-gather in the backward)."""
+    cpu_offload: bool = False
+    """Keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
+    CPUOffloadPolicy): each layer's shard is copied to the device for its forward and backward
+    and the optimizer steps on the CPU. Trades step time for device memory (docs/scaling.md)."""
+    context_parallel_size: int = Field(default=1, ge=1)
+    """Consumers that split each sequence's tokens between them (Ulysses sequence parallelism:
+    attention heads are exchanged all-to-all); must divide ``launch.num_consumers``. 1: off."""
 
 
 EngineConfig = plugin_union(SingleEngine, DdpEngine, Fsdp2Engine)
