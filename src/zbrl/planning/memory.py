@@ -52,6 +52,10 @@ inference dtype (``rollout.inference_dtype``, unset: ``model.dtype``), ``N`` the
   x_head)``.
 - *logits*: the head's output ``T·V·c`` (``V`` the vocabulary) kept for the log-prob's backward,
   and its gradient of the same size in the backward: ``2·T·V·c``.
+- *attention scores* (a consumer on the CPU only): SDPA with a padding mask runs its math
+  path there and keeps each layer's softmax probabilities, ``heads × S²`` per sequence of ``S``
+  tokens, ``4`` bytes each (``6`` under bfloat16 autocast: the float32 output and its cast), for
+  every layer (one with checkpointing). On GPUs the fused kernels keep none.
 - *log-prob buffer*: the chunked log-prob/entropy kernel's float32 working set,
   ``training.logprob_chunk_size × V × 4``.
 - *runtime* (GPU only): ``RUNTIME_RESERVE_BYTES`` for the CUDA context, cuBLAS workspaces and
@@ -228,6 +232,16 @@ def activation_bytes(
     return tokens * (shape.layers * a + outside)
 
 
+def cpu_attention_bytes(cfg: RunConfig, shape: ModelShape, tokens: int, c: int) -> int:
+    """On CPU, SDPA with a padding mask runs its math path, which keeps each layer's softmax
+    probabilities, ``heads × S²`` per sequence of ``S`` tokens: float32 (4 B), plus their cast
+    to the compute dtype under bfloat16 autocast (6 B); one layer's with checkpointing."""
+    seq = sequence_tokens(cfg)
+    rows = max(tokens // seq, 1)
+    per_layer = rows * shape.heads * seq * seq * (4 if c == 4 else 6)
+    return per_layer * (1 if cfg.model.gradient_checkpointing else shape.layers)
+
+
 def consumer_memory(cfg: RunConfig, shape: ModelShape, on_gpu: bool) -> WorkerMemory:
     """One consumer rank's bytes by part (module docstring)."""
     engine = cfg.training.engine
@@ -263,6 +277,8 @@ def consumer_memory(cfg: RunConfig, shape: ModelShape, on_gpu: bool) -> WorkerMe
         shape, tokens, c, r, autocast, cfg.model.gradient_checkpointing
     )
     device["logits"] = 2 * tokens * shape.vocab * c
+    if not on_gpu:
+        device["attention scores"] = cpu_attention_bytes(cfg, shape, tokens, c)
     device["log-prob buffer"] = cfg.training.logprob_chunk_size * shape.vocab * 4
     if on_gpu:
         device["runtime"] = RUNTIME_RESERVE_BYTES
