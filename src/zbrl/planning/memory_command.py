@@ -183,7 +183,7 @@ def render(plan: MemoryPlan, cfg: RunConfig) -> str:
 
 def before_activations(consumer: WorkerMemory) -> int:
     """The consumer's state, compute copy, reference and critic: the hand count's terms."""
-    skip = {"activations", "logits", "log-prob buffer", "runtime"}
+    skip = {"activations", "attention scores", "logits", "log-prob buffer", "runtime"}
     return sum(v for k, v in consumer.device.items() if k not in skip)
 
 
