@@ -200,3 +200,12 @@ def test_a_gpu_run_that_fits_passes(monkeypatch):
     monkeypatch.setattr(preflight, "visible_gpu_memory", lambda: 8 * GIB)
     with pytest.raises(RunError, match="does not fit"):
         preflight.check_memory_plan(load_config(DAPO_7B))
+
+
+def test_one_fix_per_kind_the_largest_micro_batch_that_fits(capsys):
+    recipe = str(ROOT / "recipes" / "grpo_qwen2.5_0.5b_instruct_gpu.yaml")
+    assert main(["plan", "--memory", recipe, "--gpu-gb", "40", "--json"]) == 1
+    fixes = [" ".join(f["overrides"]) for f in json.loads(capsys.readouterr().out)["fixes"]]
+    assert "model.gradient_checkpointing=true" in fixes
+    micro = [f for f in fixes if "microbatch" in f]
+    assert micro == ["training.train_microbatch_tokens=8192"]  # half the recipe's 16384

