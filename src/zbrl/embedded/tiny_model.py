@@ -18,7 +18,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from zbrl.embedded.tokenizer import build_tokenizer
 
 
-def build_tiny_model(
+def tiny_model_config(
     tokenizer: PreTrainedTokenizerBase,
     *,
     hidden_size: int = 128,
@@ -26,16 +26,15 @@ def build_tiny_model(
     num_heads: int = 4,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 512,
-    seed: int = 0,
-) -> LlamaForCausalLM:
-    """A randomly initialised (seeded) ``LlamaForCausalLM`` sized for ``tokenizer``.
+) -> LlamaConfig:
+    """The tiny model's ``LlamaConfig`` sized for ``tokenizer`` (no weights: the memory plan
+    reads the embedded model's shape from it, :mod:`zbrl.planning.model_shape`).
 
-    ``intermediate_size`` defaults to ``4 * hidden_size``. Embeddings are tied. The model's
-    generation config stops at the tokenizer's EOS and pads with its PAD token.
+    ``intermediate_size`` defaults to ``4 * hidden_size``. Embeddings are tied.
     """
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
@@ -47,6 +46,30 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """A randomly initialised (seeded) ``LlamaForCausalLM`` of :func:`tiny_model_config`'s
+    shape. The model's generation config stops at the tokenizer's EOS and pads with its PAD
+    token.
+    """
+    config = tiny_model_config(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -21,6 +21,7 @@ import importlib.util
 import os
 import socket
 import sys
+from pathlib import Path
 
 from zbrl.assembly.artifacts import RunSources
 from zbrl.assembly.datasets import open_dataset_refs
@@ -60,11 +61,14 @@ def preflight(cfg: RunConfig) -> RunSources:
     check_reward(cfg)  # a reward that cannot be built (ConfigError naming ``reward``)
     check_environment(cfg)  # an environment or tool that does not import or build
     check_algorithm_imports(cfg)
+    planned = check_memory_plan(cfg)  # False: the model's shape needs the model fetched first
     datasets = open_dataset_refs(cfg)  # the files exist and can be read; data.source gives data
     check_ray_address(cfg)
     check_broadcast_address(cfg)
     check_nccl_gpus(cfg)
     model = open_model_source(cfg)  # model, tokenizer, chat template (a Hub id/GGUF is fetched)
+    if not planned:
+        check_memory_plan(cfg, model.model_dir)
     return RunSources(model, datasets)
 
 
@@ -179,3 +183,44 @@ def check_nccl_gpus(cfg: RunConfig) -> None:
             "(torch.cuda.is_available() is False); set transport.weight_sync.backend=gloo and "
             "launch.*_num_gpus=0, or run on a GPU machine or cluster"
         )
+
+
+def visible_gpu_memory() -> int | None:
+    """Bytes of memory of this machine's first visible CUDA GPU; None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def check_memory_plan(cfg: RunConfig, model_dir: Path | None = None) -> bool:
+    """A GPU run (:func:`zbrl.planning.memory.consumer_on_gpu`, or producers with GPUs) whose
+    memory plan does not fit this machine's GPU is refused, naming the changes that would fit
+    (docs/memory.md). CPU runs, and runs on a cluster whose driver sees no GPU, are not judged.
+    Returns False when the model's shape cannot be had before the model is fetched (then the
+    pre-flight calls again with its directory)."""
+    from zbrl.planning.memory import consumer_on_gpu
+
+    if not consumer_on_gpu(cfg) and cfg.launch.producer_num_gpus <= 0:
+        return True
+    gpu_bytes = visible_gpu_memory()
+    if gpu_bytes is None:
+        return True  # a cluster's driver without a GPU: the workers' nodes are not known here
+    from zbrl.planning.memory_command import fix_summary, plan_for, verdict
+    from zbrl.planning.model_shape import ShapeUnknown, model_shape
+
+    try:
+        shape = model_shape(cfg, model_dir)
+    except ShapeUnknown:
+        if model_dir is None:
+            return False
+        raise
+    plan = plan_for(cfg, gpu_bytes, shape)
+    if not plan.fits():
+        raise RunError(
+            f"the memory plan does not fit this machine's GPUs ({verdict(plan, None)}); "
+            f"{fix_summary(cfg, plan)} (`zbrl plan --memory RECIPE --gpu-gb "
+            f"{gpu_bytes / 2**30:.0f}` prints the plan)"
+        )
+    return True

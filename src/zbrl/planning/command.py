@@ -22,11 +22,36 @@ DEFAULT_STEPS = 200
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
-        help="predict throughput and idle shares of another shape from a finished run",
+        help="predict throughput and idle shares of another shape from a finished run, or "
+        "(--memory) the memory each worker of a recipe needs",
         description="An event simulation of the run's own buffer and admission rule, driven by "
-        "the rates measured in RUN_DIR (docs/planning.md). Unset options keep the run's values.",
+        "the rates measured in RUN_DIR (docs/planning.md). Unset options keep the run's values. "
+        "With --memory: RUN_DIR is a recipe, and the plan is each worker's memory by part "
+        "(docs/memory.md); it exits 1 when the recipe does not fit, naming changes that do.",
     )
-    p.add_argument("run_dir", help="a finished run directory (timeline.jsonl, config.yaml, ...)")
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR|RECIPE",
+        help="a finished run directory (timeline.jsonl, config.yaml, ...); with --memory a recipe",
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="with --memory: dotted overrides (training.engine=fsdp2 ...)"
+    )
+    p.add_argument(
+        "--memory", action="store_true", help="plan the memory of the recipe RUN_DIR|RECIPE"
+    )
+    p.add_argument(
+        "--gpu-gb",
+        type=float,
+        default=None,
+        help="with --memory: memory of one GPU in GiB (80 for an 80 GB card); none: no verdict",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="with --memory: GPUs available (default: as many as the recipe's layout asks)",
+    )
     p.add_argument("--producers", type=int, default=None, help="producers N")
     p.add_argument("--consumers", type=int, default=None, help="data-parallel consumers M")
     p.add_argument("--staleness", type=int, default=None, help="transport.max_staleness")
@@ -134,6 +159,13 @@ def splits(shape: Shape, total: int) -> list[Shape]:
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
+    if args.memory:
+        from zbrl.planning.memory_command import run_memory_command
+
+        return run_memory_command(args)
+    if args.overrides or args.gpu_gb is not None or args.gpus is not None:
+        print("error: overrides, --gpu-gb and --gpus go with --memory RECIPE", file=sys.stderr)
+        return 1
     from zbrl.planning.rates import RatesError, read_rates
     from zbrl.planning.simulate import simulate
 

@@ -1,0 +1,224 @@
+"""A model's shape for the memory plan, read without loading any weight.
+
+Where the shape comes from, in this order (:func:`model_shape`):
+
+- ``model.path: embedded``: the tiny model's ``LlamaConfig``, built from the embedded tokenizer
+  and the warm start's size settings (:func:`zbrl.embedded.tiny_model.tiny_model_config`);
+- a local model directory (or one given by the caller, e.g. a Hub id the pre-flight fetched):
+  its ``config.json``;
+- a pulled model's short name (``smollm2-135m``): ``config.json`` of the directory
+  ``zbrl models pull`` made;
+- a Hub id already in huggingface_hub's local cache: that ``config.json`` (looked up offline);
+- otherwise a Hub id, or a path whose last component is such a model's name
+  (``/models/Qwen2.5-7B``), found in :data:`KNOWN_SHAPES`: public figures from each model's
+  ``config.json`` on the Hub, so that a machine without the model (or without a hub) can plan
+  for it. The plan then says the shape came from that table.
+
+The parameter count is computed from the shape (:attr:`ModelShape.params`): embeddings, per
+decoder layer the attention projections (with Qwen2's q/k/v biases, Qwen3's q/k norms), the
+gated MLP's three matrices and two RMSNorms, the final norm, and an untied ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from zbrl.config import EMBEDDED, RunConfig
+from zbrl.errors import RunError
+
+
+class ShapeUnknown(RunError):
+    """No shape for a model that is not on this machine and not in :data:`KNOWN_SHAPES`."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory plan needs of a decoder-only transformer."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_embeddings: bool
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorms on each head's queries and keys (Qwen3)."""
+    source: str = ""
+    """Where the shape was read, for the plan's output."""
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: q, k, v, o projections (+ biases, + q/k norms), the gated MLP's
+        gate, up and down matrices, and its two RMSNorms."""
+        h, q, kv = self.hidden, self.q_width, self.kv_width
+        attention = h * q + 2 * h * kv + q * h
+        if self.qkv_bias:
+            attention += q + 2 * kv
+        if self.qk_norm:
+            attention += 2 * self.head_dim
+        return attention + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def root_params(self) -> int:
+        """Everything outside the decoder layers: embeddings, final norm, an untied head."""
+        head = 0 if self.tie_embeddings else self.embedding_params
+        return self.embedding_params + self.hidden + head
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+    @property
+    def matrix_params(self) -> int:
+        """Parameters a linear layer multiplies with: every one but the input embedding's
+        (an embedding lookup is not cast by autocast) unless the head shares it."""
+        return self.params - (0 if self.tie_embeddings else self.embedding_params)
+
+    def lora_params(self, rank: int, target_modules: list[str]) -> int:
+        """Adapter parameters of rank ``rank`` on the named linear layers of every decoder
+        layer: ``rank × (in + out)`` each."""
+        h, q, kv, i = self.hidden, self.q_width, self.kv_width, self.intermediate
+        shapes = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+        per_layer = sum(rank * sum(shapes[m]) for m in target_modules if m in shapes)
+        return self.layers * per_layer
+
+
+def shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (a multimodal model's
+    ``text_config``)."""
+    config = config.get("text_config", config)
+    try:
+        heads = config["num_attention_heads"]
+        hidden = config["hidden_size"]
+        head_dim = config.get("head_dim") or hidden // heads
+        model_type = config.get("model_type", "")
+        qkv_bias = config.get("attention_bias")
+        return ModelShape(
+            layers=config["num_hidden_layers"],
+            hidden=hidden,
+            intermediate=config["intermediate_size"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            vocab=config["vocab_size"],
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" if qkv_bias is None else bool(qkv_bias),
+            qk_norm=model_type.startswith("qwen3"),
+            source=source,
+        )
+    except KeyError as exc:
+        raise RunError(
+            f"{source} has no {exc.args[0]!r}: the memory plan reads decoder-only transformer "
+            "configs (num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, "
+            "vocab_size)"
+        ) from None
+
+
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    "Qwen/Qwen2.5-0.5B": ModelShape(24, 896, 4864, 14, 2, 64, 151936, True, qkv_bias=True),
+    "Qwen/Qwen2.5-1.5B": ModelShape(28, 1536, 8960, 12, 2, 128, 151936, True, qkv_bias=True),
+    "Qwen/Qwen2.5-7B": ModelShape(28, 3584, 18944, 28, 4, 128, 152064, False, qkv_bias=True),
+    "Qwen/Qwen3-0.6B": ModelShape(28, 1024, 3072, 16, 8, 128, 151936, True, qk_norm=True),
+}
+"""Public shapes (from each model's ``config.json`` on the Hugging Face Hub): layers, hidden,
+intermediate, heads, kv heads, head dim, vocabulary, tied embeddings. An ``-Instruct`` model has
+its base's shape."""
+
+
+def known_shape(spec: str) -> ModelShape | None:
+    """The table's shape for a Hub id or a path ending in a known model's name (its
+    ``-Instruct`` variant included), case-insensitively; None when it has none."""
+    name = spec.rstrip("/").rsplit("/", 1)[-1].lower().removesuffix("-instruct")
+    for repo_id, shape in KNOWN_SHAPES.items():
+        if repo_id.rsplit("/", 1)[-1].lower() == name:
+            return replace(shape, source=f"zbrl's table of known shapes ({repo_id})")
+    return None
+
+
+def embedded_shape() -> ModelShape:
+    """The embedded tiny model's shape (its tokenizer is built: milliseconds, no weights)."""
+    from zbrl.embedded.tiny_model import tiny_model_config
+    from zbrl.embedded.tokenizer import build_tokenizer
+    from zbrl.embedded.warm_start import WarmStartSettings
+
+    s = WarmStartSettings()
+    config = tiny_model_config(
+        build_tokenizer(), hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads
+    )
+    return shape_from_config(config.to_dict(), "the embedded model's config")
+
+
+def local_config(spec: str, cache_dir: str) -> Path | None:
+    """``config.json`` of ``spec`` when it is on this machine (a directory, a pulled model, a
+    Hub id in huggingface_hub's cache); None otherwise."""
+    from zbrl.models import catalogue, hub
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path / "config.json"
+    if spec in catalogue.KNOWN_MODELS:
+        pulled = catalogue.model_dir(spec, cache_dir) / "config.json"
+        return pulled if pulled.is_file() else None
+    if hub.looks_like_hub_id(spec):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(spec, "config.json")
+        return Path(cached) if isinstance(cached, str) else None
+    return None
+
+
+def read_shape(
+    spec: str, cache_dir: str, *, field: str, model_dir: Path | None = None
+) -> ModelShape:
+    """The shape of the model ``field=spec`` names (``model_dir``: its resolved directory, when
+    the caller has it). ShapeUnknown when there is none to be had without a download."""
+    if spec == EMBEDDED:
+        return embedded_shape()
+    config = model_dir / "config.json" if model_dir is not None else local_config(spec, cache_dir)
+    if config is not None:
+        if not config.is_file():
+            raise RunError(f"{field}={spec!r}: {config} does not exist; give a model directory")
+        return shape_from_config(json.loads(config.read_text()), str(config))
+    shape = known_shape(spec)
+    if shape is None:
+        known = ", ".join(KNOWN_SHAPES)
+        raise ShapeUnknown(
+            f"{field}={spec!r} is not on this machine and its shape is not in zbrl's table "
+            f"({known}); fetch it first (`zbrl models pull`, `hf download`) or point {field} at "
+            "a directory with its config.json"
+        )
+    return shape
+
+
+def model_shape(cfg: RunConfig, model_dir: Path | None = None) -> ModelShape:
+    """The policy's shape (``model.path``)."""
+    return read_shape(
+        cfg.model.path, cfg.logging.cache_dir, field="model.path", model_dir=model_dir
+    )
