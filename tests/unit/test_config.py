@@ -127,6 +127,19 @@ def test_override_without_equals_is_an_error():
         apply_overrides({}, ["algorithm.lr"])
 
 
+def test_one_fsdp2_consumer_is_accepted_when_it_offloads_to_the_host():
+    from zbrl.launch.process_group import consumer_group
+
+    cfg = load_config(None, ["training.engine={type: fsdp2, cpu_offload: true}"])
+    assert cfg.launch.num_consumers == 1
+    host, spec = consumer_group(cfg)  # fully_shard needs a process group, of one rank
+    try:
+        assert spec is not None and spec.world_size == 1 and spec.backend == "gloo"
+    finally:
+        del host
+    assert consumer_group(load_config(None, [])) == (None, None)
+
+
 @pytest.mark.parametrize(
     ("overrides", "needles"),
     [
@@ -181,7 +194,10 @@ def test_override_without_equals_is_an_error():
         ),
         (["transport.buffer_capacity=2"], ["buffer_capacity", "train_batch_size"]),
         (["launch.num_consumers=2"], ["launch.num_consumers=2", "training.engine=ddp"]),
-        (["training.engine=fsdp2"], ["training.engine=fsdp2", "launch.num_consumers >= 2"]),
+        (
+            ["training.engine=fsdp2"],
+            ["training.engine=fsdp2", "launch.num_consumers >= 2", "cpu_offload=true"],
+        ),
         (
             ["launch.num_consumers=3", "training.engine=ddp"],
             ["train_batch_size (8)", "launch.num_consumers (3)", "multiple of 3"],

@@ -187,10 +187,12 @@ def check_engine(cfg: RunSections) -> None:
             "training.engine=ddp (full replicas) or training.engine=fsdp2 (sharded), or "
             "launch.num_consumers=1"
         )
-    if engine.type == "fsdp2" and consumers < 2:
+    if engine.type == "fsdp2" and consumers < 2 and not engine.cpu_offload:
         raise ValueError(
             "training.engine=fsdp2 shards the model over the consumers, but launch.num_consumers "
-            "is 1: set launch.num_consumers >= 2, or use training.engine=single"
+            "is 1: set launch.num_consumers >= 2, or use training.engine=single (one consumer "
+            "with fsdp2 makes sense only with training.engine.cpu_offload=true, which keeps the "
+            "weights, gradients and AdamW state in host memory)"
         )
     if engine.type == "fsdp2" and consumers % engine.context_parallel_size:
         raise ValueError(

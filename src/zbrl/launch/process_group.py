@@ -9,9 +9,10 @@ from zbrl.training.distributed import GroupHost, GroupSpec, resolve_backend
 
 def consumer_group(cfg: RunConfig) -> tuple[GroupHost | None, GroupSpec | None]:
     """The rendezvous store (keep it alive for the run) and the spec each consumer joins with;
-    ``(None, None)`` for one consumer."""
+    ``(None, None)`` for one consumer, unless its engine is FSDP2 (one rank that offloads to the
+    host: ``fully_shard`` needs a process group, of one)."""
     la = cfg.launch
-    if la.num_consumers == 1:
+    if la.num_consumers == 1 and cfg.training.engine.type != "fsdp2":
         return None, None
     requested = getattr(cfg.training.engine, "backend", "auto")
     backend = resolve_backend(requested, la.consumer_num_gpus)
