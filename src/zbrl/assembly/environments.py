@@ -72,8 +72,10 @@ def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
     message in ``environment.message_role`` after an assistant turn, and renders it by adding
     text (prefix preservation), as every episode will need. A RunError naming the field and
     the fix otherwise (without it the producers would fail after the run directory exists)."""
-    if cfg.environment is None:
-        return
+    from zbrl.config.environments import EndpointEnvironment
+
+    if cfg.environment is None or isinstance(cfg.environment, EndpointEnvironment):
+        return  # an agent's messages are rendered by the endpoint, in the roles it chooses
     from zbrl.rollout.turns import TurnFormatter
 
     told = episode_tool_prompt(cfg, tokenizer)
