@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zbrl.config import EMBEDDED, RewardModelReward, RunConfig
-from zbrl.config.environments import AgentEnvironment, CalculatorTool, ToolsEnvironment
+from zbrl.config.environments import CalculatorTool, EndpointEnvironment, ToolsEnvironment
 from zbrl.errors import RunError
 
 
@@ -18,7 +18,7 @@ def uses_tag_calculator(cfg: RunConfig) -> bool:
     demo's setting: its task files and warm start then teach calculator traces), or its agent
     calls one that way (``environment.embedded_tools=calculator``)."""
     env = cfg.environment
-    if isinstance(env, AgentEnvironment):
+    if isinstance(env, EndpointEnvironment):
         return env.embedded_tools == "calculator"
     return (
         isinstance(env, ToolsEnvironment)

@@ -18,7 +18,7 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
     env_cfg = cfg.environment
     if env_cfg is None:  # which environment the config asks for; the rollout path is the same
         return single_turn_episodes(backend.tokenizer, max_new_tokens)
-    from zbrl.config.environments import AgentEnvironment
+    from zbrl.config.environments import EndpointEnvironment
     from zbrl.environments.build import build_environment
     from zbrl.rollout.agents.build import build_agent_environment
     from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
@@ -27,7 +27,7 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
 
     tokenizer = backend.tokenizer
     eos_ids = set(getattr(backend, "eos_ids", None) or {tokenizer.eos_token_id})
-    if isinstance(env_cfg, AgentEnvironment):  # the agent drives, through the endpoint
+    if isinstance(env_cfg, EndpointEnvironment):  # the agent drives, through the endpoint
         environment = build_agent_environment(env_cfg, tokenizer, eos_ids)
         formatter = environment.endpoint.renderer.formatter  # the agent's messages, any role
     else:
@@ -55,6 +55,13 @@ def check_environment(cfg: RunConfig) -> None:
     and options), once, before anything is created; a RunError naming the field otherwise."""
     if cfg.environment is None:
         return
+    from zbrl.config.environments import EndpointEnvironment
+
+    if isinstance(cfg.environment, EndpointEnvironment):  # an agent, or a verifiers environment
+        from zbrl.rollout.agents.build import build_agent
+
+        build_agent(cfg.environment)
+        return
     from zbrl.environments.build import build_environment
 
     build_environment(cfg.environment)
@@ -65,8 +72,10 @@ def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
     message in ``environment.message_role`` after an assistant turn, and renders it by adding
     text (prefix preservation), as every episode will need. A RunError naming the field and
     the fix otherwise (without it the producers would fail after the run directory exists)."""
-    if cfg.environment is None:
-        return
+    from zbrl.config.environments import EndpointEnvironment
+
+    if cfg.environment is None or isinstance(cfg.environment, EndpointEnvironment):
+        return  # an agent's messages are rendered by the endpoint, in the roles it chooses
     from zbrl.rollout.turns import TurnFormatter
 
     told = episode_tool_prompt(cfg, tokenizer)
@@ -82,7 +91,9 @@ def episode_tool_prompt(cfg: RunConfig, tokenizer: Any) -> Any:
     """How the run's prompts tell the model about its tools
     (:class:`zbrl.environments.tool_prompt.ToolPrompt`): None without a ``tools`` environment or
     with ``describe_tools: false``."""
-    if cfg.environment is None:
+    from zbrl.config.environments import ToolsEnvironment
+
+    if not isinstance(cfg.environment, ToolsEnvironment):  # only the tools environment tells
         return None
     from zbrl.environments.build import build_environment
 

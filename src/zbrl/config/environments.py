@@ -159,7 +159,21 @@ class AgentEndpoint(Section):
     """Longest a request waits for its completion (then it is answered 504)."""
 
 
-class AgentEnvironment(EnvironmentBase):
+class EndpointEnvironment(EnvironmentBase):
+    """What the environments that drive their episodes through the endpoint share (``agent`` and
+    ``verifiers``, docs/agents.md)."""
+
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Longest an episode may run; past it the episode is dropped (``env/agent_timeouts``)."""
+    endpoint: AgentEndpoint = Field(default_factory=AgentEndpoint)
+    """Where and how the endpoint serves the agents."""
+    embedded_tools: Literal["none", "calculator"] = "none"
+    """On the embedded model: ``calculator`` takes the tool demo's task files and warm start
+    (calculator traces in the ``tags`` format, ``<calc>…</calc>``), for an agent that calls a
+    calculator that way; ``none``: the plain task's."""
+
+
+class AgentEnvironment(EndpointEnvironment):
     """A user's agent runs each episode against the endpoint (docs/agents.md): an async function
     ``run(client, example)`` given an ``openai.AsyncOpenAI`` client, or a program given
     ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. What it returns is the episode's reward (a
@@ -172,14 +186,6 @@ class AgentEnvironment(EnvironmentBase):
     command: list[str] | None = None
     """A program (argv) run once per episode, the example as JSON on stdin; the last line of its
     stdout is its result as JSON (a number or a string)."""
-    timeout_s: float = Field(default=300.0, gt=0)
-    """Longest an episode may run; past it the episode is dropped (``env/agent_timeouts``)."""
-    endpoint: AgentEndpoint = Field(default_factory=AgentEndpoint)
-    """Where and how the endpoint serves the agents."""
-    embedded_tools: Literal["none", "calculator"] = "none"
-    """On the embedded model: ``calculator`` takes the tool demo's task files and warm start
-    (calculator traces in the ``tags`` format, ``<calc>…</calc>``), for an agent that calls a
-    calculator that way; ``none``: the plain task's."""
 
     _check_run = field_validator("run")(
         classmethod(lambda cls, v: v if v is None else check_import_path(v))
@@ -195,7 +201,34 @@ class AgentEnvironment(EnvironmentBase):
         return self
 
 
-EnvironmentConfig = plugin_union(ToolsEnvironment, AgentEnvironment, UserEnvironment)
+class VerifiersEnvironment(EndpointEnvironment):
+    """An environment of the ``verifiers`` package (``pip install 'zbrl[verifiers]'``,
+    docs/agents.md): each sample becomes a task of its taskset, verifiers runs the episode
+    through the endpoint and its task's rewards score it."""
+
+    type: Literal["verifiers"] = "verifiers"
+    """Environment discriminator."""
+    taskset: str = Field(min_length=1)
+    """The verifiers taskset id: an installed (or working-directory) top-level module exporting
+    its ``Taskset`` subclass in ``__all__``, loaded by verifiers as it loads a taskset by id; or
+    a ``.py`` file of such a module (e.g. next to the recipe), relative to the working
+    directory."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Fields of the taskset's config (verifiers' ``TasksetConfig`` subclass)."""
+    env: str = ""
+    """The verifiers ``Env`` id; empty: the taskset's own, else verifiers' single-agent env."""
+    harness: str = ""
+    """The verifiers harness id that plays the policy; empty: the one the taskset bundles. It
+    must call the model in process (``zbrl.rollout.agents.verifiers_harness.ChatHarness``):
+    verifiers' program harnesses install their dependencies with ``uv`` and stream."""
+    fields: dict[str, str] = Field(default_factory=lambda: {"answer": "gt_answer"})
+    """Task data field <- dataset field: what each sample's task carries besides its prompt
+    (the sample's ``messages``)."""
+
+
+EnvironmentConfig = plugin_union(
+    ToolsEnvironment, AgentEnvironment, VerifiersEnvironment, UserEnvironment
+)
 """The environment of multi-turn episodes: ``tools``, ``agent`` or ``package.module:Class``."""
 
 

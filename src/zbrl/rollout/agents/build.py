@@ -1,4 +1,5 @@
-"""An agent environment from its configuration (``environment`` with ``type: agent``)."""
+"""An agent environment from its configuration (``environment`` with ``type: agent``, or
+``type: verifiers``: a verifiers environment as the agent)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import inspect
 from typing import Any
 
 from zbrl.config.environments import AgentEnvironment as AgentConfig
+from zbrl.config.environments import EndpointEnvironment, VerifiersEnvironment
 from zbrl.errors import RunError
 from zbrl.registry import import_object
 from zbrl.rollout.agents.environment import AgentEnvironment
@@ -15,10 +17,36 @@ from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
 
 
 def build_agent_environment(
-    cfg: AgentConfig, tokenizer: Any, eos_ids: set[int]
+    cfg: EndpointEnvironment, tokenizer: Any, eos_ids: set[int]
 ) -> AgentEnvironment:
     """The agent of ``cfg`` behind an endpoint over ``tokenizer``'s chat template (started on the
     first episode)."""
+    run = build_agent(cfg)
+    command = cfg.command if isinstance(cfg, AgentConfig) else None
+    ep = cfg.endpoint
+    endpoint = Endpoint(
+        Renderer(tokenizer, eos_ids),
+        EndpointSettings(
+            host=ep.host,
+            port=ep.port,
+            batch_window_s=ep.batch_window_s,
+            max_batch=ep.max_concurrency,
+            request_timeout_s=ep.request_timeout_s,
+        ),
+        model_name="policy",
+    )
+    return AgentEnvironment(endpoint, AgentLauncher(run, command, cfg.timeout_s))
+
+
+def build_agent(cfg: EndpointEnvironment) -> Any:
+    """The agent function of ``cfg`` (None for an agent program): the user's ``run``, or the
+    verifiers environment's :class:`~zbrl.rollout.agents.verifiers_agent.VerifiersAgent`. A
+    RunError naming the field when it cannot be built."""
+    if isinstance(cfg, VerifiersEnvironment):
+        from zbrl.rollout.agents.verifiers_agent import VerifiersAgent
+
+        return VerifiersAgent(cfg.taskset, cfg.args, cfg.env, cfg.harness, cfg.fields)
+    assert isinstance(cfg, AgentConfig)
     run = None
     if cfg.run is not None:
         try:
@@ -41,16 +69,4 @@ def build_agent_environment(
                 "environment.type=agent with `run` needs the openai client: "
                 "pip install 'zbrl[agents]'"
             ) from None
-    ep = cfg.endpoint
-    endpoint = Endpoint(
-        Renderer(tokenizer, eos_ids),
-        EndpointSettings(
-            host=ep.host,
-            port=ep.port,
-            batch_window_s=ep.batch_window_s,
-            max_batch=ep.max_concurrency,
-            request_timeout_s=ep.request_timeout_s,
-        ),
-        model_name="policy",
-    )
-    return AgentEnvironment(endpoint, AgentLauncher(run, cfg.command, cfg.timeout_s))
+    return run

@@ -1,0 +1,133 @@
+"""``environment.type: verifiers``: an environment of the ``verifiers`` package as the agent of
+an agent environment (docs/agents.md).
+
+For each sample, :class:`VerifiersAgent` makes a task of the verifiers taskset's own task type
+(the sample's ``messages`` as its prompt, plus the data fields ``environment.fields`` maps from
+the sample) and runs it with verifiers' own episode code (``Env.run_episode``): verifiers plays
+the task with its harness, every model call going through its interception server to zbrl's
+endpoint with the episode's key, then scores the trace with the task's rewards. The episode's
+reward is the trace's; the trained tokens are what the endpoint recorded, as for any agent. An
+episode verifiers reports as failed (``episode.ok`` false) is an agent crash: counted, and its
+group dropped.
+
+The episode's key reaches verifiers' client the way verifiers reads keys, from an environment
+variable (``api_key_var``): one variable per episode, set for the episode and removed after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from zbrl.errors import RunError
+
+MODEL_NAME = "policy"
+"""The model name the endpoint serves (``/v1/models``)."""
+
+
+def taskset_id(taskset: str) -> str:
+    """The verifiers taskset id of ``environment.taskset``: the id itself, or for a ``.py`` file
+    (a taskset module next to the recipe) its module name, its directory put on ``sys.path``."""
+    if not taskset.endswith(".py"):
+        return taskset
+    path = Path(taskset).resolve()
+    if not path.is_file():
+        raise RunError(f"environment.taskset: no file {taskset} (from {Path.cwd()})")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    return path.stem
+
+
+class VerifiersAgent:
+    """``async run(client, example)`` playing one task of a verifiers environment."""
+
+    def __init__(
+        self, taskset: str, args: dict[str, Any], env: str, harness: str, fields: dict[str, str]
+    ) -> None:
+        try:
+            import verifiers.v1 as vf
+        except ImportError:
+            raise RunError(
+                "environment.type=verifiers needs the verifiers package: "
+                "pip install 'zbrl[verifiers]'"
+            ) from None
+        self._vf = vf
+        taskset = taskset_id(taskset)
+        agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}
+        if harness:
+            agent["harness"] = {"id": harness}
+        try:
+            config = vf.resolve_env_config(
+                {"id": env, "taskset": {"id": taskset, **args}, "agent": agent}
+            )
+            self.env = vf.load_environment(config)
+        except Exception as e:  # verifiers' own message says what is wrong
+            raise RunError(
+                f"environment: cannot load the verifiers environment of taskset {taskset!r} "
+                f"({type(e).__name__}: {e})"
+            ) from None
+        task_type = type(self.env.taskset).task_type()
+        self.task_type = task_type
+        self.task_config = self.env.taskset.config.task
+        self.data_type = task_type.data_type()
+        unknown = sorted(set(fields) - set(self.data_type.model_fields))
+        if unknown:
+            raise RunError(
+                f"environment.fields: {', '.join(unknown)} not a field of "
+                f"{self.data_type.__name__} (its fields: "
+                f"{', '.join(sorted(self.data_type.model_fields))})"
+            )
+        self.fields = dict(fields)
+        self._serving: AsyncExitStack | None = None
+        self._lock: asyncio.Lock | None = None
+
+    def task(self, example: dict[str, Any]) -> Any:
+        """The verifiers task of a dataset sample."""
+        missing = [src for src in self.fields.values() if src not in example]
+        if missing:
+            raise KeyError(f"the sample has no {', '.join(missing)} (environment.fields)")
+        data = {field: example[src] for field, src in self.fields.items()}
+        return self.task_type(self.data_type(prompt=example["messages"], **data), self.task_config)
+
+    async def __call__(self, client: Any, example: dict[str, Any]) -> float:
+        """One episode: the task of ``example`` played through ``client``'s endpoint with its key;
+        the reward of the episode's trace."""
+        vf = self._vf
+        await self._serve()
+        key_var = f"ZBRL_EPISODE_KEY_{secrets.token_hex(8)}"
+        os.environ[key_var] = client.api_key
+        try:
+            ctx = vf.ModelContext(
+                model=MODEL_NAME,
+                client=vf.EvalClientConfig(base_url=str(client.base_url), api_key_var=key_var),
+            )
+            episode = await self.env.run_episode(self.task(example), ctx)
+        finally:
+            del os.environ[key_var]
+        if not episode.ok:
+            errors = [e for t in episode.traces for e in t.errors] + list(episode.errors)
+            detail = "; ".join(f"{e.type}: {e.message}" for e in errors) or "not ok"
+            raise RuntimeError(f"verifiers episode failed: {detail[:500]}")
+        return float(sum(t.reward for t in episode.traces))
+
+    async def _serve(self) -> None:
+        """verifiers' serving resources (its interception server), brought up once on the
+        agents' event loop and held for the run."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._serving is None:
+                stack = AsyncExitStack()
+                await stack.enter_async_context(self.env.serving())
+                self._serving = stack
+
+    async def aclose(self) -> None:
+        """Tear verifiers' serving resources down (a run's end does it by ending the process)."""
+        if self._serving is not None:
+            await self._serving.aclose()
+            self._serving = None

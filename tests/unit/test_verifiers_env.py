@@ -1,0 +1,129 @@
+"""``environment.type: verifiers``: a verifiers environment (the taskset of vf_arith.py, played
+by zbrl's in-process ChatHarness) runs each episode through the endpoint with verifiers' own
+episode code; the task's reward reaches the group; the trained tokens are the endpoint's; a
+failed verifiers episode is counted and never scored.
+
+The tests that load the environment are in the slow tier: importing verifiers alone takes 6-13 s
+on the 2-core machine."""
+
+import asyncio
+
+import pytest
+from episode_stubs import EOS, TOKENIZER, ScriptedBackend, encoded
+from role_settings import sampling_params
+from test_agent_episodes import LastNumber, agent_runner
+
+from zbrl.config.environments import VerifiersEnvironment
+from zbrl.errors import RunError
+from zbrl.rollout.agents.build import build_agent
+
+pytest.importorskip("verifiers")
+needs_verifiers = pytest.mark.slow
+
+
+def verifiers_agent(**overrides):
+    return build_agent(VerifiersEnvironment(**{"taskset": "vf_arith", **overrides}))
+
+
+def sum_of(context, sample):
+    """Answers the question's sum."""
+    question = context.split("What is ")[1].split("?")[0]
+    a, b = question.split("+")
+    return f"<answer>{int(a) + int(b)}</answer>"
+
+
+@needs_verifiers
+def test_verifiers_rewards_reach_the_group_on_the_endpoint_tokens():
+    backend = ScriptedBackend(sum_of)
+    agent = verifiers_agent()
+    runner = agent_runner(agent)
+    prompts = [
+        encoded("What is 12+30?", uid="a", gt="42"),
+        encoded("What is 7+8?", uid="b", gt="16"),
+    ]
+    groups = runner.run(backend.generate, prompts, sampling_params(n=2, max_new_tokens=20))
+    # the task's reward: right on a (its answer is the sum), wrong on b
+    assert [[c.given_reward for c in group] for group in groups] == [[1.0, 1.0], [0.0, 0.0]]
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            assert c.failure is None and c.prompt_ids == prompt.prompt_ids
+            (turn,) = c.turns
+            ids = c.token_ids.tolist()
+            assert turn["role"] == "model" and (prompt.prompt_ids, ids) in backend.generated
+            assert c.loss_mask.all() and len(ids) == len(c.loss_mask)
+    scored = runner.score(LastNumber(), [p.example for p in prompts], groups)
+    assert [[r.reward for r in results] for _, results in scored] == [[1.0, 1.0], [0.0, 0.0]]
+    asyncio.run(agent.aclose())
+
+
+@needs_verifiers
+def test_a_failed_verifiers_episode_is_counted_and_never_scored():
+    backend = ScriptedBackend(sum_of)
+    runner = agent_runner(verifiers_agent())
+    prompt = [encoded("What is 2+3?", gt="raise")]  # the task's reward raises
+    (group,) = runner.run(backend.generate, prompt, sampling_params(n=2, max_new_tokens=20))
+    assert all(c.failure.startswith("agent_crashes") for c in group), [c.failure for c in group]
+    assert all("the grader is broken" in c.failure for c in group)
+    assert all(c.counts["agent_crashes"] == 1 for c in group)
+    ((_, results),) = runner.score(LastNumber(), [prompt[0].example], [group])
+    assert [r.reward for r in results] == [0.0, 0.0]
+
+
+@needs_verifiers
+def test_the_sample_fields_map_onto_the_task_data():
+    agent = verifiers_agent(fields={"answer": "gt_answer", "name": "uid"})
+    task = agent.task(
+        {"messages": [{"role": "user", "content": "What is 1+2?"}], "gt_answer": "3", "uid": "q7"}
+    )
+    assert (task.data.answer, task.data.name) == ("3", "q7")
+    assert task.data.prompt[0].content == "What is 1+2?"
+    with pytest.raises(KeyError, match="no gt_answer"):
+        agent.task({"messages": []})
+
+
+@needs_verifiers
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"fields": {"solution": "gt_answer"}},
+            "environment.fields: solution not a field of ArithData",
+        ),
+        (
+            {"taskset": "no_such_taskset"},
+            "cannot load the verifiers environment of taskset 'no_such_taskset'",
+        ),
+        ({"taskset": "missing/file.py"}, "environment.taskset: no file missing/file.py"),
+    ],
+)
+def test_a_bad_verifiers_environment_is_refused_naming_the_field(overrides, message):
+    with pytest.raises(RunError, match=message):
+        verifiers_agent(**overrides)
+
+
+@needs_verifiers
+def test_embedded_model_verifiers_episodes_are_the_generated_tokens(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
+
+    backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir), TOKENIZER)
+    calls = []
+
+    def generate(contexts, params):
+        out = backend.generate(contexts, params)
+        calls.extend((ctx, c[0].token_ids.tolist()) for ctx, c in zip(contexts, out, strict=True))
+        return out
+
+    runner = agent_runner(verifiers_agent(), eos_ids=frozenset({EOS}))
+    prompts = [
+        encoded("What is 12+30?", uid="a", gt="42"),
+        encoded("What is 7+8?", uid="b", gt="15"),
+    ]
+    groups = runner.run(generate, prompts, sampling_params(n=2, max_new_tokens=8))
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            assert c.failure is None and c.prompt_ids == prompt.prompt_ids
+            assert c.given_reward in (0.0, 1.0)
+            assert (prompt.prompt_ids, c.token_ids.tolist()) in calls  # exactly as generated
+            assert c.loss_mask.all() and c.logprobs.lt(0).all()
