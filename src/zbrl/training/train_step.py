@@ -23,9 +23,10 @@ from zbrl.training.rows import (
     MicroBatch,
     MicroBatching,
     Row,
+    RowShape,
     build_rows,
     collate,
-    plan_micro_batches,
+    plan,
     split,
     trained_token_count,
 )
@@ -74,6 +75,8 @@ class Trainer:
             raise ValueError("algorithm.critic needs an engine with a value model")
         if settings.critic is not None and settings.micro.share_prompts:
             raise ValueError("the critic's value model takes full rows: share_prompts must be off")
+        if settings.critic is not None and settings.micro.packing:
+            raise ValueError("the critic's value model takes full rows: packing must be off")
         if (settings.advantage == GAE) != (settings.critic is not None):
             raise ValueError("advantage 'gae' needs the critic settings, and only it uses them")
         self.engine = engine
@@ -179,7 +182,12 @@ class Trainer:
         loss_sum = 0.0
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
-                mb = collate(micro_rows, s.pad_id, share_prompts=s.micro.share_prompts)
+                mb = collate(
+                    micro_rows,
+                    s.pad_id,
+                    share_prompts=s.micro.share_prompts,
+                    packed=s.micro.packing,
+                )
                 out, parts = self._micro_step(mb, norm, steps_per_batch)
                 engine.backward(out.loss)
                 if s.critic is not None:
@@ -307,12 +315,12 @@ def micro_batch_count(groups: list[RolloutGroup], world_size: int, batching: Mic
     sees the whole batch, so each works out every rank's plan)."""
     counts = []
     for rank in range(world_size):
-        lengths = [
-            len(g.prompt_ids) + int(r.numel())
+        shapes = [
+            RowShape(tuple(g.prompt_ids), int(r.numel()))
             for g in groups[rank_slice(len(groups), rank, world_size)]
             for r in g.response_ids
         ]
-        counts.append(len(plan_micro_batches(lengths, batching)))
+        counts.append(len(plan(shapes, batching)))
     return max(counts)
 
 
