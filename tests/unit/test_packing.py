@@ -215,3 +215,30 @@ def test_packing_refuses_attention_without_a_4d_mask():
     model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(ValueError, match="needs attention that takes a 4-D mask"):
         packed_attention_mask(model, torch.ones((1, 1, 2, 2), dtype=torch.bool))
+
+
+def test_packed_groups_go_to_ranks_by_tokens():
+    from helpers.data_parallel import Case, make_groups
+    from zbrl.training.train_step import group_shapes, micro_batch_count, rank_groups
+
+    groups = make_groups(Case("ranks", (), 5, group_size=3, seed=11), vocab=50)
+    sizes = [packed_tokens(group_shapes(g)) for g in groups]
+    packed = MicroBatching(size=2, tokens=24, share_prompts=True, packing=True)
+    mine = [rank_groups(groups, rank, 2, packed) for rank in range(2)]
+    assert sizes == [18, 17, 4, 12, 13]
+    # largest first to the least loaded rank: 18 → 0, 17 → 1, 13 → 1, 12 → 0, 4 → 0
+    assert mine == [[0, 2, 3], [1, 4]]
+    assert [sum(sizes[i] for i in m) for m in mine] == [34, 30]  # by count: 35 and 29
+    # padded layouts keep the contiguous slices by count
+    padded = MicroBatching(size=2, tokens=24, share_prompts=True)
+    assert [rank_groups(groups, rank, 2, padded) for rank in range(2)] == [[0, 1], [2, 3, 4]]
+    counts = [len(split([r for i in m for r in rows_of(groups[i])], packed)) for m in mine]
+    assert micro_batch_count(groups, 2, packed) == max(counts)
+
+
+def rows_of(group):
+    from zbrl.training.rows import build_rows
+
+    return build_rows(
+        [group], torch.zeros(1, group.group_size), filter_truncated=False, loss_filter_range=None
+    )
