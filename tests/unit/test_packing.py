@@ -151,11 +151,15 @@ class _Tok:
     pad_token_id = 0
 
 
-@pytest.mark.parametrize("budget", [None, 40])
-def test_trainer_steps_match_between_padded_and_packed(tiny_model_dir, budget):
-    """A whole GRPO step (advantages, rows, micro-batches, loss, accumulation, the step-start
-    proximal pass) reaches the optimizer with the same gradients and metrics packed as padded;
-    with a token budget the packed micro-batches hold several groups each."""
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("training.train_microbatch_tokens=40",), ("model.lora.rank=4", "model.lora.alpha=8")],
+    ids=["rows", "budget", "lora"],
+)
+def test_trainer_steps_match_between_padded_and_packed(tiny_model_dir, extra):
+    """A whole GRPO step (advantages, rows, micro-batches, loss, accumulation) reaches the
+    optimizer with the same gradients and metrics packed as padded; with a token budget the
+    packed micro-batches hold several groups each (two of the four); LoRA adapters too."""
     from role_settings import run_config
 
     from helpers.data_parallel import Case, full_grads, make_groups
@@ -163,10 +167,9 @@ def test_trainer_steps_match_between_padded_and_packed(tiny_model_dir, budget):
 
     results = []
     for packing in ("false", "true"):
-        overrides = ["algorithm.lr=1e-3", "training.train_microbatch_size=4"]
-        if budget is not None:
-            overrides.append(f"training.train_microbatch_tokens={budget}")
+        overrides = ["algorithm.lr=1e-3", "training.train_microbatch_size=4", *extra]
         cfg = run_config(*overrides, "training.share_prompts=true", f"training.packing={packing}")
+        torch.manual_seed(0)  # the same LoRA initialisation
         trainer = build_trainer(cfg, tiny_model_dir, _Tok(), total_steps=10)
         assert trainer.settings.micro.packing == (packing == "true")
         engine, step, grads = trainer.engine, trainer.engine.clip_and_step, []
