@@ -126,18 +126,18 @@ def collate(
     if packed:
         input_ids, attention, _ = _response_layout(rows, pad_id)
         targets, prompts, packed_row = input_ids, None, pack_rows(rows, input_ids.shape[1])
-        share_prompts = True  # the same response-aligned targets
     elif share_prompts:
         input_ids, attention, prompts = _response_layout(rows, pad_id)
         targets = input_ids
     else:
         (input_ids, attention), prompts = _full_layout(rows, pad_id), None
         targets = input_ids[:, 1:]
+    responses_aligned = packed or share_prompts  # targets are the responses themselves
     mask = torch.zeros(targets.shape, dtype=torch.bool)
     old = torch.zeros(targets.shape, dtype=torch.float32)
     behind = torch.zeros(targets.shape, dtype=torch.long)
     for i, r in enumerate(rows):
-        span = response_span(r, shared=share_prompts)
+        span = response_span(r, shared=responses_aligned)
         mask[i, span] = r.trained if r.loss_mask is None else r.loss_mask & r.trained
         old[i, span] = r.old_logprobs
         behind[i, span] = r.behind if r.token_behind is None else r.token_behind
@@ -151,10 +151,10 @@ def collate(
         temperatures_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32),
         behind_B=torch.tensor([r.behind for r in rows], dtype=torch.long),
         behind_BT=behind,
-        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape, share_prompts),
-        old_values_BT=_padded(rows, "old_values", old.shape, share_prompts),
-        returns_BT=_padded(rows, "returns", old.shape, share_prompts),
-        advantages_BT=_padded(rows, "token_advantages", old.shape, share_prompts),
+        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape, responses_aligned),
+        old_values_BT=_padded(rows, "old_values", old.shape, responses_aligned),
+        returns_BT=_padded(rows, "returns", old.shape, responses_aligned),
+        advantages_BT=_padded(rows, "token_advantages", old.shape, responses_aligned),
         prompts=prompts,
         packed=packed_row,
     )
