@@ -27,6 +27,13 @@ CASES = [
     Case("kl-reference", ("algorithm.beta=0.1", *ACCUMULATE), 3, seed=8),
     # length-sorted passes under a token budget: the ranks run different numbers of them
     Case("token-budget", ("training.train_microbatch_tokens=24", *ACCUMULATE), 3, seed=10),
+    # packed rows under a token budget: groups go to ranks by packed tokens, not by count
+    Case(
+        "packed",
+        ("training.packing=true", "training.train_microbatch_tokens=24", *ACCUMULATE),
+        5,
+        seed=11,
+    ),
 ]
 
 # bfloat16 compute on float32 masters (DDP: autocast; FSDP2: its mixed-precision policy with

@@ -171,6 +171,7 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
             share_prompts=cfg.training.share_prompts
             and critic is None
             and not context_parallel(cfg),
+            packing=cfg.training.packing,  # its combinations are checked (check_packing)
         ),
         filter_truncated=a.filter_truncated_response,
         loss_filter_range=None if a.dynamic_batching else a.filter_range,

@@ -247,6 +247,32 @@ def check_lora(cfg: RunSections) -> None:
         )
 
 
+def check_packing(cfg: RunSections) -> None:
+    """The packed layout runs the policy (and reference) models on one block-masked row."""
+    t = cfg.training
+    if not t.packing:
+        return
+    if cfg.algorithm.critic is not None:
+        raise ValueError(
+            "training.packing with algorithm.critic: the value model takes full rows; set "
+            "training.packing=false, or use a critic-free estimator such as "
+            "algorithm.advantage=grpo"
+        )
+    context = getattr(t.engine, "context_parallel_size", 1)
+    if context > 1:
+        raise ValueError(
+            f"training.packing with training.engine.context_parallel_size={context}: context "
+            "parallelism splits full rows; set training.packing=false, or "
+            "training.engine.context_parallel_size=1"
+        )
+    if not t.share_prompts:
+        raise ValueError(
+            "training.packing runs each prompt once with its responses (a shared prompt), but "
+            "training.share_prompts is false; remove training.share_prompts=false, or set "
+            "training.packing=false"
+        )
+
+
 def check_staleness_buffer(cfg: RunSections) -> None:
     cap = cfg.transport.buffer_capacity
     if cap is not None and cap < cfg.training.train_batch_size:
@@ -454,6 +480,7 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_topology,
     check_engine,
     check_lora,
+    check_packing,
     check_model_len,
     check_evaluator_placement,
     check_staleness_buffer,

@@ -1,4 +1,4 @@
-"""What one forward pass of the policy (or the frozen reference) takes, in one of two layouts,
+"""What one forward pass of the policy (or the frozen reference) takes, in one of three layouts,
 and the logits it gives back aligned with the micro-batch's targets.
 
 **Full rows** (``prompts`` is None): each row is its prompt followed by its response, right-padded;
@@ -15,6 +15,16 @@ positions, the same causal attention to the same keys, and the gradient flows ba
 gathered cache into the prompt pass (``tests/unit/test_model_inputs.py`` checks log-probs and
 gradients against full rows). The work is not: with G responses per prompt the prompt tokens go
 through the model once instead of G times (``bench/per_core_rates.py`` measures it).
+
+**Packed** (``packed`` set): the whole micro-batch is one row without padding: each unique prompt
+once, followed by its responses (each but its last token, which predicts nothing), the groups one
+after another. A block-causal mask lets a prompt token see the earlier tokens of its prompt and a
+response token see its prompt and the earlier tokens of its own response only, and the positions of
+each response restart at its prompt's length, so every response token sees exactly the keys,
+values and positions it has in its full prompt + response row. The logits of the positions that
+predict a response token (each prompt's last, every response token's) are gathered back to the
+response-aligned ``[B, R, V]`` of the shared-prompt layout, so the loss code is the same. The work
+is the sum of the tokens, not rows × the longest row (``bench/packing.py`` measures it).
 """
 
 from __future__ import annotations
@@ -36,12 +46,68 @@ class SharedPrompts:
 
 
 @dataclass(frozen=True)
+class PackedRow:
+    """A micro-batch packed into one row of ``N`` tokens (see the module's docstring)."""
+
+    input_ids_1N: torch.Tensor  # int64
+    position_ids_1N: torch.Tensor  # int64: a response's restart at its prompt's length
+    group_N: torch.Tensor  # int64: which prompt block each token belongs to
+    block_N: torch.Tensor  # int64: -1 on prompt tokens, the row's index on response tokens
+    keep_K: torch.Tensor  # int64: the positions whose logits predict a response token
+    gather_BR: torch.Tensor  # int64 [B, R]: index into keep_K of each target (0 at padding)
+
+    def to(self, device: torch.device) -> PackedRow:
+        return PackedRow(
+            input_ids_1N=self.input_ids_1N.to(device),
+            position_ids_1N=self.position_ids_1N.to(device),
+            group_N=self.group_N.to(device),
+            block_N=self.block_N.to(device),
+            keep_K=self.keep_K.to(device),
+            gather_BR=self.gather_BR.to(device),
+        )
+
+
+def block_causal_allowed(group_N: torch.Tensor, block_N: torch.Tensor) -> torch.Tensor:
+    """bool ``[1, 1, N, N]``: query ``q`` may attend key ``k`` when ``k`` is not after ``q``,
+    in the same prompt block, and either a prompt token or a token of ``q``'s own response."""
+    n = group_N.shape[0]
+    positions = torch.arange(n, device=group_N.device)
+    causal_NN = positions[None, :] <= positions[:, None]
+    same_group_NN = group_N[None, :] == group_N[:, None]
+    own_NN = (block_N[None, :] == -1) | (block_N[None, :] == block_N[:, None])
+    return (causal_NN & same_group_NN & own_NN)[None, None]
+
+
+MASKED_IMPLEMENTATIONS = ("sdpa", "eager")
+"""Attention implementations that take the packed layout's 4-D mask."""
+
+
+def packed_attention_mask(model: torch.nn.Module, allowed_11NN: torch.Tensor) -> torch.Tensor:
+    """The block-causal mask in the form ``model``'s attention takes a 4-D mask: boolean for
+    SDPA, additive (0 or the float32 minimum) for eager attention."""
+    inner = getattr(model, "module", model)  # DDP keeps the model as .module
+    implementation = inner.config._attn_implementation
+    if implementation == "sdpa":
+        return allowed_11NN
+    if implementation == "eager":
+        blocked = torch.finfo(torch.float32).min
+        return torch.where(allowed_11NN, 0.0, blocked).to(torch.float32)
+    raise ValueError(
+        "training.packing needs attention that takes a 4-D mask "
+        f"({', '.join(MASKED_IMPLEMENTATIONS)}); the model runs {implementation!r}: set "
+        "training.packing=false"
+    )
+
+
+@dataclass(frozen=True)
 class ModelInputs:
-    """Inputs of one forward pass: full rows, or responses on top of ``prompts``."""
+    """Inputs of one forward pass: full rows, responses on top of ``prompts``, or ``packed``
+    (then ``input_ids_BT`` are the right-padded responses, the targets, and not run)."""
 
     input_ids_BT: torch.Tensor
     attention_BT: torch.Tensor
     prompts: SharedPrompts | None = None
+    packed: PackedRow | None = None
 
     def to(self, device: torch.device) -> ModelInputs:
         prompts = self.prompts
@@ -56,12 +122,15 @@ class ModelInputs:
             input_ids_BT=self.input_ids_BT.to(device),
             attention_BT=self.attention_BT.to(device),
             prompts=prompts,
+            packed=None if self.packed is None else self.packed.to(device),
         )
 
     def logits(self, model: torch.nn.Module) -> torch.Tensor:
         """``model``'s logits aligned with the targets (position ``t`` predicts target ``t``);
         ``model`` is a causal LM with the Hugging Face call signature (or a wrapper of one: DDP,
         FSDP2)."""
+        if self.packed is not None:
+            return _packed_logits(model, self.packed)
         if self.prompts is None:
             return model(input_ids=self.input_ids_BT, attention_mask=self.attention_BT).logits[
                 :, :-1
@@ -98,3 +167,14 @@ def _shared_prompt_logits(
         **{cache_argument(model): cache},
     )
     return torch.cat([first.logits[index_B, -1:], rest.logits[:, :-1]], dim=1)
+
+
+def _packed_logits(model: torch.nn.Module, packed: PackedRow) -> torch.Tensor:
+    allowed = block_causal_allowed(packed.group_N, packed.block_N)
+    out = model(
+        input_ids=packed.input_ids_1N,
+        attention_mask=packed_attention_mask(model, allowed),
+        position_ids=packed.position_ids_1N,
+        logits_to_keep=packed.keep_K,  # the prompts' other positions predict nothing trained
+    )
+    return out.logits[0][packed.gather_BR]

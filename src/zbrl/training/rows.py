@@ -1,15 +1,16 @@
-"""Turn RolloutGroups into training rows and right-padded micro-batches (padded per micro-batch,
-never to the batch's global maximum)."""
+"""Turn RolloutGroups into training rows and micro-batches: right-padded per micro-batch (never
+to the batch's global maximum), or packed into one row without padding."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from zbrl.algorithms.filters import group_in_accuracy_range
 from zbrl.models.kv_cache import left_pad
-from zbrl.training.model_inputs import ModelInputs, SharedPrompts
+from zbrl.training.model_inputs import ModelInputs, PackedRow, SharedPrompts
 from zbrl.types import RolloutGroup
 
 
@@ -49,7 +50,7 @@ class Row:
 
 @dataclass
 class MicroBatch:
-    """Right-padded tensors of a few rows, in one of the two layouts of
+    """Right-padded tensors of a few rows, in one of the three layouts of
     :mod:`zbrl.training.model_inputs`; every ``_BT`` tensor but the inputs is aligned with
     ``targets_BT``."""
 
@@ -69,9 +70,11 @@ class MicroBatch:
     advantages_BT: torch.Tensor | None = None
     prompts: SharedPrompts | None = None
     """Set in the shared-prompt layout: ``input_ids_BT`` are then the responses alone."""
+    packed: PackedRow | None = None
+    """Set in the packed layout: ``input_ids_BT`` are then the responses alone (not run)."""
 
     def model_inputs(self) -> ModelInputs:
-        return ModelInputs(self.input_ids_BT, self.attention_BT, self.prompts)
+        return ModelInputs(self.input_ids_BT, self.attention_BT, self.prompts, self.packed)
 
 
 def build_rows(
@@ -111,21 +114,30 @@ def build_rows(
     return rows
 
 
-def collate(rows: list[Row], pad_id: int, *, share_prompts: bool = False) -> MicroBatch:
+def collate(
+    rows: list[Row], pad_id: int, *, share_prompts: bool = False, packed: bool = False
+) -> MicroBatch:
     """Right-pad ``rows`` to their own longest sequence: full rows (prompt + response), or with
-    ``share_prompts`` the responses alone on top of the micro-batch's unique prompts (see
-    :mod:`zbrl.training.model_inputs`); the per-token tensors are aligned with the targets."""
-    if share_prompts:
+    ``share_prompts`` the responses alone on top of the micro-batch's unique prompts; or with
+    ``packed`` all of them in one row without padding, the targets still the right-padded
+    responses (see :mod:`zbrl.training.model_inputs`). The per-token tensors are aligned with
+    the targets."""
+    packed_row = None
+    if packed:
+        input_ids, attention, _ = _response_layout(rows, pad_id)
+        targets, prompts, packed_row = input_ids, None, pack_rows(rows, input_ids.shape[1])
+    elif share_prompts:
         input_ids, attention, prompts = _response_layout(rows, pad_id)
         targets = input_ids
     else:
         (input_ids, attention), prompts = _full_layout(rows, pad_id), None
         targets = input_ids[:, 1:]
+    responses_aligned = packed or share_prompts  # targets are the responses themselves
     mask = torch.zeros(targets.shape, dtype=torch.bool)
     old = torch.zeros(targets.shape, dtype=torch.float32)
     behind = torch.zeros(targets.shape, dtype=torch.long)
     for i, r in enumerate(rows):
-        span = response_span(r, shared=share_prompts)
+        span = response_span(r, shared=responses_aligned)
         mask[i, span] = r.trained if r.loss_mask is None else r.loss_mask & r.trained
         old[i, span] = r.old_logprobs
         behind[i, span] = r.behind if r.token_behind is None else r.token_behind
@@ -139,11 +151,12 @@ def collate(rows: list[Row], pad_id: int, *, share_prompts: bool = False) -> Mic
         temperatures_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32),
         behind_B=torch.tensor([r.behind for r in rows], dtype=torch.long),
         behind_BT=behind,
-        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape, share_prompts),
-        old_values_BT=_padded(rows, "old_values", old.shape, share_prompts),
-        returns_BT=_padded(rows, "returns", old.shape, share_prompts),
-        advantages_BT=_padded(rows, "token_advantages", old.shape, share_prompts),
+        proximal_logprobs_BT=_padded(rows, "proximal_logprobs", old.shape, responses_aligned),
+        old_values_BT=_padded(rows, "old_values", old.shape, responses_aligned),
+        returns_BT=_padded(rows, "returns", old.shape, responses_aligned),
+        advantages_BT=_padded(rows, "token_advantages", old.shape, responses_aligned),
         prompts=prompts,
+        packed=packed_row,
     )
 
 
@@ -175,6 +188,54 @@ def _response_layout(
         prompt_index_B=torch.tensor(index, dtype=torch.long),
     )
     return responses, _right_mask(lengths, responses.shape[1]), prompts
+
+
+def pack_rows(rows: list[Row], width: int) -> PackedRow:
+    """``rows`` in one row: each unique prompt (first seen first) followed by its rows'
+    responses but their last tokens; ``width`` is the targets' (the longest response, ≥ 1)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(tuple(r.prompt_ids), []).append(i)
+    ids: list[torch.Tensor] = []
+    positions: list[torch.Tensor] = []
+    group: list[torch.Tensor] = []
+    block: list[torch.Tensor] = []
+    predictor_BR = torch.zeros((len(rows), width), dtype=torch.long)  # position predicting each
+    prompt_lasts: list[int] = []  # the prompts' last positions that predict a first token
+    offset = 0
+    for g, (prompt, members) in enumerate(by_prompt.items()):
+        p = len(prompt)
+        ids.append(torch.tensor(prompt, dtype=torch.long))
+        positions.append(torch.arange(p))
+        group.append(torch.full((p,), g))
+        block.append(torch.full((p,), -1))
+        prompt_last, offset = offset + p - 1, offset + p
+        for i in members:
+            fed = rows[i].response_ids[:-1]  # the last token predicts nothing trained
+            n = int(fed.numel())
+            ids.append(fed)
+            positions.append(torch.arange(p, p + n))
+            group.append(torch.full((n,), g))
+            block.append(torch.full((n,), i))
+            length = int(rows[i].response_ids.numel())
+            if length:
+                prompt_lasts.append(prompt_last)
+                predictor_BR[i, 0] = prompt_last
+                predictor_BR[i, 1:length] = torch.arange(offset, offset + n)
+            offset += n
+    block_N = torch.cat(block).long()
+    keep_N = block_N >= 0
+    keep_N[prompt_lasts] = True
+    keep_K = keep_N.nonzero()[:, 0]
+    index_of_N = keep_N.long().cumsum(0) - 1  # kept position -> its index in keep_K
+    return PackedRow(
+        input_ids_1N=torch.cat(ids).long()[None],
+        position_ids_1N=torch.cat(positions).long()[None],
+        group_N=torch.cat(group).long(),
+        block_N=block_N,
+        keep_K=keep_K,
+        gather_BR=index_of_N[predictor_BR].clamp_min(0),
+    )
 
 
 def _right_mask(lengths: list[int], width: int) -> torch.Tensor:
@@ -212,6 +273,28 @@ class MicroBatching:
     share_prompts: bool
     """Run each micro-batch's unique prompts once, the responses on top of them (the
     shared-prompt layout of :mod:`zbrl.training.model_inputs`); False: full rows."""
+    packing: bool = False
+    """Pack each micro-batch into one row without padding (the packed layout of
+    :mod:`zbrl.training.model_inputs`); ``tokens`` then budgets packed tokens (see
+    :func:`plan_packed`)."""
+
+
+class RowShape(NamedTuple):
+    """What planning micro-batches needs of a row."""
+
+    prompt: tuple[int, ...]
+    response: int  # tokens
+
+
+def row_shape(row: Row) -> RowShape:
+    return RowShape(tuple(row.prompt_ids), int(row.response_ids.numel()))
+
+
+def packed_tokens(shapes: list[RowShape]) -> int:
+    """Tokens of ``shapes`` packed in one row: each unique prompt once, each response but its
+    last token (:func:`pack_rows`)."""
+    prompts = {s.prompt for s in shapes}
+    return sum(len(p) for p in prompts) + sum(max(s.response - 1, 0) for s in shapes)
 
 
 def row_length(row: Row) -> int:
@@ -243,10 +326,54 @@ def plan_micro_batches(lengths: list[int], batching: MicroBatching) -> list[list
     return plan
 
 
+def plan_packed(shapes: list[RowShape], batching: MicroBatching) -> list[list[int]]:
+    """Row indices of each packed micro-batch. Without a token budget: ``batching.size`` rows
+    at a time in ticket order (as :func:`plan_micro_batches`). With one: the rows of each prompt
+    stay together, cut into pieces of at most ``tokens`` packed tokens (a piece always takes one
+    row, so a row longer than the budget goes alone, with its prompt); the pieces go largest
+    first into the first micro-batch they fit (first-fit decreasing), so micro-batches come out
+    full and few. The row cap ``size`` does not apply: the cost of a packed row is its tokens."""
+    budget = batching.tokens
+    if budget is None:
+        return plan_micro_batches([0] * len(shapes), batching)
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(shapes):
+        by_prompt.setdefault(s.prompt, []).append(i)
+    pieces: list[tuple[int, list[int]]] = []  # (packed tokens, row indices)
+    for prompt, members in by_prompt.items():
+        piece: list[int] = []
+        cost = len(prompt)
+        for i in members:
+            extra = max(shapes[i].response - 1, 0)
+            if piece and cost + extra > budget:
+                pieces.append((cost, piece))
+                piece, cost = [], len(prompt)
+            piece.append(i)
+            cost += extra
+        pieces.append((cost, piece))
+    pieces.sort(key=lambda piece: (-piece[0], piece[1][0]))
+    bins: list[tuple[int, list[int]]] = []
+    for cost, piece in pieces:
+        for b, (used, members) in enumerate(bins):
+            if used + cost <= budget:
+                bins[b] = (used + cost, members + piece)
+                break
+        else:
+            bins.append((cost, list(piece)))
+    return [members for _, members in bins]
+
+
+def plan(shapes: list[RowShape], batching: MicroBatching) -> list[list[int]]:
+    """Row indices of each micro-batch in ``batching``'s layout."""
+    if batching.packing:
+        return plan_packed(shapes, batching)
+    return plan_micro_batches([len(s.prompt) + s.response for s in shapes], batching)
+
+
 def split(rows: list[Row], batching: MicroBatching) -> list[list[Row]]:
-    """``rows`` cut into micro-batches (see :func:`plan_micro_batches`)."""
-    plan = plan_micro_batches([row_length(r) for r in rows], batching)
-    return [[rows[i] for i in indices] for indices in plan]
+    """``rows`` cut into micro-batches (see :func:`plan`)."""
+    indices_per_micro = plan([row_shape(r) for r in rows], batching)
+    return [[rows[i] for i in indices] for indices in indices_per_micro]
 
 
 def trained_token_count(rows: list[Row]) -> tuple[int, int]:

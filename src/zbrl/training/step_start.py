@@ -52,9 +52,9 @@ def annotate_step_start(
     if not (proximal or reference or values):
         return
     dev = engine.device
-    shared = batching.share_prompts
+    shared = batching.share_prompts or batching.packing  # both align targets with responses
     for micro_rows in split(rows, batching):
-        mb = collate(micro_rows, pad_id, share_prompts=shared)
+        mb = collate(micro_rows, pad_id, share_prompts=shared, packed=batching.packing)
         inputs = mb.model_inputs().to(dev)
         targets = mb.targets_BT.to(dev)
         outputs: dict[str, torch.Tensor] = {}

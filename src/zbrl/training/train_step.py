@@ -23,9 +23,11 @@ from zbrl.training.rows import (
     MicroBatch,
     MicroBatching,
     Row,
+    RowShape,
     build_rows,
     collate,
-    plan_micro_batches,
+    packed_tokens,
+    plan,
     split,
     trained_token_count,
 )
@@ -74,6 +76,8 @@ class Trainer:
             raise ValueError("algorithm.critic needs an engine with a value model")
         if settings.critic is not None and settings.micro.share_prompts:
             raise ValueError("the critic's value model takes full rows: share_prompts must be off")
+        if settings.critic is not None and settings.micro.packing:
+            raise ValueError("the critic's value model takes full rows: packing must be off")
         if (settings.advantage == GAE) != (settings.critic is not None):
             raise ValueError("advantage 'gae' needs the critic settings, and only it uses them")
         self.engine = engine
@@ -93,7 +97,7 @@ class Trainer:
 
         Every rank of a data-parallel engine gets the whole batch (advantages such as
         REINFORCE++'s are whitened over all of it) and trains its contiguous slice of each
-        optimizer step's groups, in ticket order (:func:`rank_slice`); the metrics returned are
+        optimizer step's groups, in ticket order (:func:`rank_groups`); the metrics returned are
         the whole step's, the same on every rank."""
         s = self.settings
         rewards_BG = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
@@ -106,9 +110,9 @@ class Trainer:
         minibatches: list[tuple[list[Row], int]] = []  # this rank's rows, micro-batches to run
         for start in range(0, len(groups), per_minibatch):
             chunk = groups[start : start + per_minibatch]
-            mine = rank_slice(len(chunk), engine.data_rank, engine.data_parallel_size)
+            mine = rank_groups(chunk, engine.data_rank, engine.data_parallel_size, s.micro)
             rows = build_rows(
-                chunk[mine],
+                [chunk[i] for i in mine],
                 advantages_BG[start : start + per_minibatch][mine],
                 filter_truncated=s.filter_truncated,
                 loss_filter_range=s.loss_filter_range,
@@ -179,7 +183,12 @@ class Trainer:
         loss_sum = 0.0
         for i, micro_rows in enumerate(micro_batches):
             with engine.microbatch(last=i == len(micro_batches) - 1):
-                mb = collate(micro_rows, s.pad_id, share_prompts=s.micro.share_prompts)
+                mb = collate(
+                    micro_rows,
+                    s.pad_id,
+                    share_prompts=s.micro.share_prompts,
+                    packed=s.micro.packing,
+                )
                 out, parts = self._micro_step(mb, norm, steps_per_batch)
                 engine.backward(out.loss)
                 if s.critic is not None:
@@ -302,17 +311,36 @@ def rank_slice(num_groups: int, rank: int, world_size: int) -> slice:
     return slice(rank * num_groups // world_size, (rank + 1) * num_groups // world_size)
 
 
+def group_shapes(group: RolloutGroup) -> list[RowShape]:
+    return [RowShape(tuple(group.prompt_ids), int(r.numel())) for r in group.response_ids]
+
+
+def rank_groups(
+    groups: list[RolloutGroup], rank: int, world_size: int, batching: MicroBatching
+) -> list[int]:
+    """Indices of the groups ``rank`` trains of one optimizer step's ``groups``: the contiguous
+    :func:`rank_slice`, or, packed under a token budget, balanced by packed tokens (each group,
+    largest first, to the rank with the fewest so far, the lower rank on a tie), in ticket
+    order either way. Every rank sees the whole batch and works out the same assignment."""
+    if world_size == 1 or not batching.packing or batching.tokens is None:
+        return list(range(len(groups)))[rank_slice(len(groups), rank, world_size)]
+    sizes = [packed_tokens(group_shapes(g)) for g in groups]
+    loads = [0] * world_size
+    owner = [0] * len(groups)
+    for i in sorted(range(len(groups)), key=lambda i: (-sizes[i], i)):
+        owner[i] = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[owner[i]] += sizes[i]
+    return [i for i in range(len(groups)) if owner[i] == rank]
+
+
 def micro_batch_count(groups: list[RolloutGroup], world_size: int, batching: MicroBatching) -> int:
     """Micro-batches of the busiest rank for one optimizer step over ``groups`` (every rank
     sees the whole batch, so each works out every rank's plan)."""
     counts = []
     for rank in range(world_size):
-        lengths = [
-            len(g.prompt_ids) + int(r.numel())
-            for g in groups[rank_slice(len(groups), rank, world_size)]
-            for r in g.response_ids
-        ]
-        counts.append(len(plan_micro_batches(lengths, batching)))
+        mine = rank_groups(groups, rank, world_size, batching)
+        shapes = [shape for i in mine for shape in group_shapes(groups[i])]
+        counts.append(len(plan(shapes, batching)))
     return max(counts)
 
 

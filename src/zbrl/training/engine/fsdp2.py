@@ -186,10 +186,11 @@ class Fsdp2Engine(RankedEngine):
         """Whole rows' logits, or this rank's part under context parallelism."""
         if self.sequence is None:
             return inputs.logits(model)
-        if inputs.prompts is not None:
+        if inputs.prompts is not None or inputs.packed is not None:
             raise ValueError(
-                "context parallelism takes full rows, not the shared-prompt layout "
-                "(training.share_prompts is turned off under context_parallel_size > 1)"
+                "context parallelism takes full rows, not the shared-prompt or packed layout "
+                "(training.share_prompts is turned off under context_parallel_size > 1, and "
+                "training.packing is refused)"
             )
         return self.sequence.logits(model, inputs.input_ids_BT)
 
