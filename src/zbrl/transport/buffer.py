@@ -30,10 +30,10 @@ Data-parallel consumers (``ranks > 1`` in ``take``) train one batch per step tog
 rank that asks for step ``s`` pops the batch exactly as a single consumer would (same ticket
 order, same staleness check, counted once) and the buffer keeps it until every rank has taken it;
 each rank trains its slice (``zbrl.training.train_step.rank_slice``; packed under a token
-budget, the groups are dealt to ranks by packed tokens, ``rank_groups``). Ranks move from step to step
-in lockstep (their gradient collectives pair up), so when step ``s`` is popped the version is
-``s`` and the guarantee above holds for every rank's slice. An end of data or a stop is shared the
-same way (every rank trains step ``s`` or none does).
+budget, the groups are dealt to ranks by packed tokens, ``rank_groups``). Ranks move from step
+to step in lockstep (their gradient collectives pair up), so when step ``s`` is popped the
+version is ``s`` and the guarantee above holds for every rank's slice. An end of data or a stop
+is shared the same way (every rank trains step ``s`` or none does).
 
 Resume and restarts. Each producer sends its resume point (``Producer.state``: sampler position,
 RNG, counters) with every ``put``; the buffer stores it under the same lock as the groups, so its
