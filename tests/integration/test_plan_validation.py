@@ -6,9 +6,14 @@ account as ``bench/plan_validation.py`` does (its full table: 2x1, 1x2, 2x2, wit
 One pair of 6-second runs on a shared 2-core machine is noisy: over a dozen pairs here the
 throughput error spread over -10%..+11% and the consumer's idle error over -3.4..+6.4 points (the
 last on CI, where the 1x1 run's own consumer idle came out 5 points above its usual). So a first
-pair that passes decides; one that fails is followed by ``EXTRA_PAIRS`` more, and the medians of
-all of them decide (as ``bench/plan_validation.py --repeats`` does). A planner that is wrong
-fails the medians as it fails one pair; a noisy pair alone no longer does."""
+pair that passes decides; one that fails is followed by ``EXTRA_PAIRS`` more, and the median of
+the pairs' own errors decides (``median_pair_checks``: each pair's prediction against its own
+run, under one background load; the table printed also shows the medians of the predictions and
+of the measurements, as ``bench/plan_validation.py --repeats`` does). A planner that is wrong
+fails the median error as it fails one pair; a noisy pair alone no longer does. (On CI at
+e8f4dfd the consumer's idle errors of three pairs were +5.4, +4.1 and +3.0 points; the median
+prediction against the median measurement came to +5.0, one prediction set against another
+pair's run.)"""
 
 import os
 from pathlib import Path
@@ -22,6 +27,7 @@ from zbrl.planning.compare import (
     Comparison,
     measured_figures,
     median_comparison,
+    median_pair_checks,
     predicted_figures,
     render_table,
 )
@@ -107,7 +113,7 @@ def test_a_plan_from_a_real_1x1_run_predicts_a_real_2x1_run(tmp_path, cache):
     verdict = median_comparison("2x1", pairs)
     table = render_table([verdict])
     print(f"medians of {len(pairs)} pair(s):\n{table}")
-    assert verdict.checks == {
+    assert median_pair_checks(pairs) == {
         "samples_per_s": True,
         "producer_idle_frac": True,
         "consumer_idle_frac": True,

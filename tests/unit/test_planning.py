@@ -16,6 +16,7 @@ from zbrl.planning.compare import (
     Comparison,
     measured_figures,
     median_comparison,
+    median_pair_checks,
     render_table,
 )
 from zbrl.planning.contention import SpeedProfile, as_single_core, background_load, fair_shares
@@ -514,6 +515,34 @@ def test_repeats_are_summarised_by_the_median_of_each_figure():
     runs = [Comparison("1x2", figures(p), figures(m)) for p, m in ((1, 5), (3, 4), (2, 9))]
     med = median_comparison("1x2", runs)
     assert med.predicted["samples_per_s"] == 2 and med.measured["consumer_idle_frac"] == 5
+
+
+def test_the_median_of_the_pairs_own_errors_decides():
+    # CI's three 2x1 pairs at e8f4dfd: the consumer's idle errors +5.4, +4.1 and +3.0 points;
+    # the median prediction (27.0%) against the median measurement (22.0%) is +5.0 points, one
+    # pair's prediction set against another pair's run
+    def pair(rate_p, rate_m, cons_p, cons_m):
+        predicted = {"samples_per_s": rate_p, "producer_idle_frac": 0.5}
+        measured = {"samples_per_s": rate_m, "producer_idle_frac": 0.5}
+        predicted |= {"consumer_idle_frac": cons_p, "mean_staleness": 1.0}
+        measured |= {"consumer_idle_frac": cons_m, "mean_staleness": 1.0}
+        return Comparison("2x1", predicted, measured)
+
+    pairs = [
+        pair(160.9, 179.9, 0.270, 0.216),
+        pair(170.1, 211.9, 0.261, 0.220),
+        pair(184.5, 189.6, 0.273, 0.244),
+    ]
+    assert median_comparison("2x1", pairs).idle_error("consumer") > 0.05
+    assert median_pair_checks(pairs) == {
+        "samples_per_s": True,  # errors -10.6%, -19.7%, -2.7%: median -10.6%
+        "producer_idle_frac": True,
+        "consumer_idle_frac": True,  # median +4.1 points
+    }
+    wrong = [pair(160.9, 179.9, 0.33, 0.216), pair(170.1, 211.9, 0.32, 0.220), pairs[2]]
+    assert median_pair_checks(wrong)["consumer_idle_frac"] is False  # +11, +10, +2.9
+    with pytest.raises(ValueError, match="no comparisons"):
+        median_pair_checks([])
 
 
 def test_measured_figures_are_the_runs_steady_state(tmp_path):

@@ -119,6 +119,24 @@ def median_comparison(shape: str, comparisons: list[Comparison]) -> Comparison:
     )
 
 
+def median_pair_checks(comparisons: list[Comparison]) -> dict[str, bool]:
+    """The bounds applied to the median over pairs of each pair's own error (throughput by
+    relative error, idle shares in points). Each pair's prediction and run share one background
+    load, so its error is a like-for-like figure; :func:`median_comparison` instead takes the
+    median prediction and the median measurement separately, which can set one pair's prediction
+    against another pair's run."""
+    if not comparisons:
+        raise ValueError("no comparisons")
+    throughput = statistics.median(c.throughput_error for c in comparisons)
+    producer = statistics.median(c.idle_error("producer") for c in comparisons)
+    consumer = statistics.median(c.idle_error("consumer") for c in comparisons)
+    return {
+        "samples_per_s": abs(throughput) <= THROUGHPUT_BOUND,
+        "producer_idle_frac": abs(producer) <= IDLE_BOUND,
+        "consumer_idle_frac": abs(consumer) <= IDLE_BOUND,
+    }
+
+
 def render_table(comparisons: list[Comparison]) -> str:
     """One row per shape: predicted / measured figures, errors and PASS/FAIL."""
     header = (
