@@ -11,6 +11,9 @@ from zbrl.models import catalogue
 pytestmark = pytest.mark.realmodel
 
 
+# the profiler records every allocation of two SmolLM2 steps: minutes, past pytest's default
+# 600 s on a busy machine
+@pytest.mark.timeout(1800)
 def test_the_smollm2_consumer_plan_is_within_15_percent_of_its_measured_peak():
     smollm2_dir = catalogue.pull("smollm2-135m", CACHE)
     row = measure("smollm2-135m", smollm2_dir, MODELS["smollm2-135m"], "fp32")
