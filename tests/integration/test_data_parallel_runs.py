@@ -51,7 +51,9 @@ def tiny_overrides(run_dir, cache, engine):
 
 
 # FSDP2 end to end in the slow tier; tests/unit/test_data_parallel.py checks both engines' steps
-@pytest.mark.parametrize("engine", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+# both in the slow tier: the fast tier keeps the DDP numerics on spawned ranks (test_data_parallel)
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
 def test_one_producer_two_consumers_train_within_the_staleness_bound(tmp_path, cache, engine):
     run_dir = tmp_path / "run"
     cfg = load_config(DEMO, tiny_overrides(run_dir, cache, engine))

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]
 DEMO = Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml"
 
 
+@pytest.mark.slow  # a whole run; the fast tier checks episodes in process (test_one_rollout_path)
 def test_short_multi_turn_run(tmp_path, run_cache):
     cfg = load_config(
         DEMO,

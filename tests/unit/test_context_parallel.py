@@ -29,6 +29,7 @@ def four_ranks(tiny_model_dir, tmp_path_factory):
     return run_spawned(tiny_model_dir, 4, FOUR_RANKS, tmp_path_factory.mktemp("cp4") / "r.pt")
 
 
+@pytest.mark.slow  # 2 spawned ranks, ~12-25 s; the engine-level CP tests are slow too
 @pytest.mark.parametrize("case", list(TWO_RANKS))
 def test_split_over_two_ranks_matches_the_whole_forward(two_ranks, case):
     _assert_matches(two_ranks[case], TWO_RANKS[case][0])
