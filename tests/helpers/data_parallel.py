@@ -56,6 +56,15 @@ def make_groups(case: Case, vocab: int) -> list[RolloutGroup]:
     return groups
 
 
+def first_step(trainer: Any, groups: list[RolloutGroup]) -> tuple[dict[str, torch.Tensor], dict]:
+    """``trainer.train(groups)``: the whole gradients of its first optimizer step (captured just
+    before the step clips them) and the step's metrics."""
+    engine, step, grads = trainer.engine, trainer.engine.clip_and_step, []
+    engine.clip_and_step = lambda max_norm: grads.append(full_grads(engine)) or step(max_norm)
+    metrics = trainer.train(groups)
+    return grads[0], metrics
+
+
 def full_grads(engine: Any) -> dict[str, torch.Tensor]:
     """Every parameter's whole gradient by name (a collective for sharded engines)."""
     from torch.distributed.tensor import DTensor

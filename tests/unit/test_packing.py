@@ -162,7 +162,7 @@ def test_trainer_steps_match_between_padded_and_packed(tiny_model_dir, extra):
     packed micro-batches hold several groups each (two of the four); LoRA adapters too."""
     from role_settings import run_config
 
-    from helpers.data_parallel import Case, full_grads, make_groups
+    from helpers.data_parallel import Case, first_step, make_groups
     from zbrl.assembly.models import build_trainer
 
     results = []
@@ -172,13 +172,8 @@ def test_trainer_steps_match_between_padded_and_packed(tiny_model_dir, extra):
         torch.manual_seed(0)  # the same LoRA initialisation
         trainer = build_trainer(cfg, tiny_model_dir, _Tok(), total_steps=10)
         assert trainer.settings.micro.packing == (packing == "true")
-        engine, step, grads = trainer.engine, trainer.engine.clip_and_step, []
-        engine.clip_and_step = lambda max_norm, e=engine, s=step, g=grads: (
-            g.append(full_grads(e)) or s(max_norm)
-        )
         groups = make_groups(Case("layouts", (), 4, group_size=3), vocab=50)
-        metrics = trainer.train(groups)
-        results.append((grads[0], metrics))
+        results.append(first_step(trainer, groups))
     (g_padded, m_padded), (g_packed, m_packed) = results
     assert g_packed.keys() == g_padded.keys()
     for name, grad in g_padded.items():
