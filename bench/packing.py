@@ -19,8 +19,13 @@ groups; rates count the rows' real tokens (prompt + response per row, no padding
 for every variant). Variants alternate order each repeat, after one warm-up round; medians of
 ``--repeats``.
 
+``--clock cpu`` times each step by the process's CPU time instead of the wall clock: with one
+torch thread (``--threads 1``) a step's CPU seconds are what it would take alone on a core, so
+the ratios hold on a machine other processes are loading, where wall times swing with the load.
+
     python bench/packing.py                          # both models, both profiles, 3 repeats
     python bench/packing.py --models tiny --repeats 5
+    python bench/packing.py --models smollm2 --threads 1 --clock cpu   # on a busy machine
 """
 
 from __future__ import annotations
@@ -74,7 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time steps by the wall clock or by the process's CPU time (use with --threads 1)",
+    )
+    args = p.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu needs --threads 1: with more threads CPU time is not a step's time")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         f"\nzbrl train step tokens/s, float32, CPU, {args.threads} torch thread(s); "
         f"{args.prompts} prompts x {args.samples} responses per step; padded layouts "
         f"{args.rows} rows per micro-batch, packed {args.budget} tokens per micro-batch; "
-        f"medians of {args.repeats} interleaved repeats"
+        f"medians of {args.repeats} interleaved repeats; {args.clock} clock"
     )
     print(
         "load average (1/5/15 min) before "
@@ -180,7 +194,7 @@ def bench_setting(
         order = LAYOUTS if rnd % 2 else LAYOUTS[::-1]
         for layout in order:
             batch = warm if rnd == 0 else groups
-            seconds = timed(lambda t=trainers[layout], b=batch: t.train(b))
+            seconds = timed(lambda t=trainers[layout], b=batch: t.train(b), args.clock)
             if rnd:
                 runs[layout].append(tokens / seconds)
                 print(
@@ -191,10 +205,12 @@ def bench_setting(
     return {layout: statistics.median(r) for layout, r in runs.items()}, tokens
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+def timed(fn: Callable[[], object], clock: str) -> float:
+    """Seconds ``fn`` took: wall-clock, or the process's CPU time (``clock="cpu"``)."""
+    now = time.process_time if clock == "cpu" else time.perf_counter
+    start = now()
     fn()
-    return time.perf_counter() - start
+    return now() - start
 
 
 def random_groups(
