@@ -378,6 +378,17 @@ def test_eval_mistakes_are_error_lines_before_any_model_loads(
         (["--model", model, "--data", str(tmp_path / "none.jsonl")], "--data none="),
         (["--model", model, "--data", str(tmp_path / "bad.jsonl")], "bad.jsonl line 1"),
         (["--model", model, "--data", data, "--reward", "nowhere.module:fn"], "reward"),
+        (
+            ["--model", model, "--data", "held_out", f"data.train_path={data}"],
+            "--data held_out: the config trains on data.train_path=",
+        ),
+        (
+            [
+                *["--model", model, "--data", "held_out", "eval.sets={}"],
+                f"data.source={{type: hf, path: {data}}}",
+            ],
+            "--data held_out: data.source has no eval_split; set data.source.eval_split",
+        ),
     ]
     for argv, needle in cases:
         assert cli.main(["eval", *argv]) != 0, argv
