@@ -24,6 +24,7 @@ from pathlib import Path
 
 from zbrl.config import ConfigError, RunConfig, load_config
 from zbrl.planning.contention import as_single_core, background_load
+from zbrl.planning.memory import cp_size
 from zbrl.telemetry.idle import worker_utilisation
 from zbrl.telemetry.overlap import WARMUP_FRACTION, steady_window
 from zbrl.telemetry.spans import (
@@ -127,6 +128,15 @@ class RunRates:
     response_length_p90: float | None
     measured: dict[str, float]
     """The run's own summary figures (samples/s, idle shares, mean staleness)."""
+    context_parallel_size: int = 1
+    """Consumers of the run that split each sequence between them
+    (``training.engine.context_parallel_size``): a data-parallel slice is this many consumers,
+    and the run had ``num_consumers / context_parallel_size`` of them."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The run's data-parallel slices (its consumers over the context-parallel size)."""
+        return self.num_consumers // self.context_parallel_size
 
     @property
     def generation_tokens_per_s(self) -> float | None:
@@ -212,6 +222,7 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
             **steady_state_figures(spans, g),
             **_median_metric(run_dir, "train_tokens_per_s"),
         },
+        context_parallel_size=cp_size(cfg),
     )
 
 
