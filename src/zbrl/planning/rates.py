@@ -27,6 +27,7 @@ from zbrl.planning.contention import as_single_core, background_load
 from zbrl.planning.memory import cp_size
 from zbrl.telemetry.idle import worker_utilisation
 from zbrl.telemetry.overlap import WARMUP_FRACTION, steady_window
+from zbrl.telemetry.report import SUMMARY_FILE, read_summary
 from zbrl.telemetry.spans import (
     CPU_S,
     GENERATE,
@@ -43,7 +44,6 @@ from zbrl.telemetry.spans import (
 from zbrl.telemetry.timeline import TIMELINE_FILE, read_timeline
 
 CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 WORK_SPANS = frozenset({GENERATE, SCORE, PUSH, LOAD_WEIGHTS, TRAIN_STEP})
 """Spans whose duration is CPU work (what ``run_cores`` converts)."""
@@ -353,17 +353,15 @@ def _config(run_dir: Path) -> RunConfig:
 
 
 def _summary(run_dir: Path) -> dict:
-    path = run_dir / SUMMARY_FILE
-    if not path.is_file():
-        raise RatesError(
-            f"no {SUMMARY_FILE} at {path}: the run did not finish (plan needs a finished run)"
-        )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RatesError(f"{path} is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise RatesError(f"{path} does not hold a JSON object")
+        data = read_summary(run_dir)
+    except ValueError as e:
+        raise RatesError(str(e)) from None
+    if data is None:
+        raise RatesError(
+            f"no {SUMMARY_FILE} at {run_dir / SUMMARY_FILE}: the run did not finish (plan needs "
+            "a finished run)"
+        )
     return data
 
 
