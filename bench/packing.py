@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from machine_load import load_line
 from zbrl.assembly.models import build_engine
 from zbrl.assembly.settings import step_settings
 from zbrl.config import RunConfig, load_config
@@ -111,13 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.rows} rows per micro-batch, packed {args.budget} tokens per micro-batch; "
         f"medians of {args.repeats} interleaved repeats; {args.clock} clock"
     )
-    print(
-        "load average (1/5/15 min) before "
-        + "/".join(f"{x:.1f}" for x in load_before)
-        + ", after "
-        + "/".join(f"{x:.1f}" for x in load_after)
-        + f" on {os.cpu_count()} cores"
-    )
+    print(load_line(load_before, load_after))
     print_table(results)
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from machine_load import load_line
 from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.assembly.datasets import encode_prompts
 from zbrl.assembly.models import (
@@ -155,13 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         f"tokens; train rows {train_tokens} tokens (prompt + response), micro-batches of "
         f"{args.microbatch} rows; medians of {args.repeats} interleaved repeats"
     )
-    print(
-        "load average (1/5/15 min) before "
-        + "/".join(f"{x:.1f}" for x in load_before)
-        + ", after "
-        + "/".join(f"{x:.1f}" for x in load_after)
-        + f" on {os.cpu_count()} cores"
-    )
+    print(load_line(load_before, load_after))
     print(
         "generated tokens per repeat, plain and zbrl: "
         + ("the same" if same else "DIFFERENT")

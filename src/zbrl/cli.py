@@ -154,7 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a .gguf file, a pulled model's name, a Hub id ORG/NAME or 'embedded' "
         "(default: the config's model.path)",
     )
-    p.add_argument("--data", required=True, action="append", help="dataset file (NAME=PATH ok)")
+    p.add_argument(
+        "--data",
+        required=True,
+        action="append",
+        help="dataset file (NAME=PATH ok; repeatable), or held_out (the held-out split of the "
+        "config's training data) or embedded (the embedded task's held-out split)",
+    )
     p.add_argument(
         "--recipe", default=None, help="the config to use (model, reward, eval, rollout settings)"
     )

@@ -4,13 +4,7 @@ with an error that names the worker that was on it."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import select
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +13,9 @@ import torch
 from endless_run import endless_tiny_run
 from transformers import AutoModelForCausalLM
 
-from helpers.procs import descendants, kill_tree, process_name
+from helpers import cli_process
+from helpers.clusters import read_answer, start_cluster, stop_tree
+from helpers.procs import kill_tree
 from zbrl.assembly.artifacts import prepare_artifacts
 from zbrl.config import load_config
 
@@ -32,52 +28,17 @@ BOUND_S = 600.0  # a run's start and training on a loaded 2-core machine
 LOSS_BOUND_S = 30.0  # from a node's removal to the run's error (issue 8)
 
 
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"no answer from the cluster process within {timeout}s"
-    return proc.stdout.readline()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(process, {"address", "head", "workers"}) of a head and two worker nodes, 1 CPU each."""
     log = tmp_path_factory.mktemp("cluster") / "stderr.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "loopback_cluster.py"), "--workers", "2", "--cpus", "1"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
+    proc = start_cluster(["--workers", "2", "--cpus", "1"], log)
     try:
-        line = _readline(proc, 180)
+        line = read_answer(proc, 180)
         assert line, f"the cluster did not start:\n{log.read_text()[-3000:]}"
         yield proc, json.loads(line)
     finally:
-        # the helper, its nodes' processes and their workers (by pid and name: a pid reused by
-        # another program is left alone)
-        started = {pid: process_name(pid) for pid in descendants(proc.pid)}
-        proc.stdin.close()  # end of input: the helper shuts its cluster down
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=60)
-        kill_tree(proc)
-        for pid, name in started.items():  # anything that outlived the helper
-            if process_name(pid) == name:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-def _train(tmp_path: Path, overrides: list[str]) -> subprocess.Popen:
-    with open(tmp_path / "stdout.log", "w") as out, open(tmp_path / "stderr.log", "w") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "zbrl.cli", "train", str(DEMO), *overrides],
-            stdout=out,
-            stderr=err,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
+        stop_tree(proc)  # the helper, its nodes' processes and their workers
 
 
 def _cluster_overrides(address: str) -> list[str]:
@@ -109,12 +70,10 @@ def test_a_2x2_run_spreads_over_nodes_and_trains(cluster, tmp_path, run_cache):
         "rollout.generation.num_generations=4",
         "training.train_microbatch_size=8",
     ]
-    proc = _train(tmp_path, overrides)
-    try:
-        returncode = proc.wait(timeout=BOUND_S)
-    finally:
-        kill_tree(proc)
-    assert returncode == 0, (tmp_path / "stderr.log").read_text()[-4000:]
+    returncode, err = cli_process.finish(
+        *cli_process.start(tmp_path, "train", "train", str(DEMO), *overrides), BOUND_S
+    )
+    assert returncode == 0, err[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     workers = {w["name"]: w for w in summary["workers"]}
     assert set(workers) == {"producer-0", "producer-1", "consumer-0", "consumer-1"}
@@ -151,8 +110,7 @@ def test_losing_a_node_ends_the_run_naming_the_worker_on_it(cluster, tmp_path, r
         "launch.max_producer_restarts=0",  # else a lost producer is restarted (if there is room)
         "launch.max_consumer_restarts=0",  # else a lost consumer's restart is tried first
     ]
-    proc = _train(tmp_path, overrides)
-    stderr = tmp_path / "stderr.log"
+    proc, stderr = cli_process.start(tmp_path, "train", "train", str(DEMO), *overrides)
     try:
         deadline = time.monotonic() + BOUND_S
         while not _training_under_way(run_dir / "metrics.jsonl"):
@@ -164,7 +122,7 @@ def test_losing_a_node_ends_the_run_naming_the_worker_on_it(cluster, tmp_path, r
         lost = {w["name"] for w in workers if w["node_id"] == victim}
         proc_cluster.stdin.write(f"remove {victim}\n")
         proc_cluster.stdin.flush()
-        assert _readline(proc_cluster, 60).strip() == f"removed {victim}"
+        assert read_answer(proc_cluster, 60).strip() == f"removed {victim}"
         deadline = time.monotonic() + LOSS_BOUND_S  # the error must come promptly
         # the driver prints "[zbrl] error: ..." when it sees the failure, "error: ..." at exit
         while not any(

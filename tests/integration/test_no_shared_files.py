@@ -9,7 +9,6 @@ Needs ``unshare --mount`` (root, or a user namespace): skipped where the machine
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,8 @@ from pathlib import Path
 import pytest
 from endless_run import endless_tiny_run
 
+from helpers.cli_process import BOUND_S, finish, start
+from helpers.clusters import CLUSTER_SCRIPT, read_answer, start_cluster, stop_tree
 from helpers.procs import descendants, kill_tree, process_name
 from zbrl.training.checkpoint import find_latest
 
@@ -29,7 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DEMO = REPO / "recipes" / "demo.yaml"
-BOUND_S = 300.0  # one run's start and steps on a loaded 2-core machine
 
 
 def can_unshare_mounts() -> bool:
@@ -38,19 +38,6 @@ def can_unshare_mounts() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
-
-
-def stop_tree(proc: subprocess.Popen) -> None:
-    """Wait for ``proc`` (its own session; its input closed) to end with everything it started,
-    then kill what is left, by pid and name."""
-    started = {pid: process_name(pid) for pid in descendants(proc.pid)}
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=60)
-    kill_tree(proc)
-    for pid, name in started.items():  # anything that outlived it (a pid reused is left alone)
-        if process_name(pid) == name:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, bound_s: float) -> str:
@@ -73,23 +60,15 @@ def two_nodes(tmp_path):
     hidden, node_cwd = tmp_path / "head-only", tmp_path / "node2-cwd"
     hidden.mkdir()
     node_cwd.mkdir()
-    with open(tmp_path / "head.log", "w") as err:
-        head = subprocess.Popen(
-            [sys.executable, str(HERE / "loopback_cluster.py"), "--workers", "0", "--cpus", "0"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
+    head = start_cluster(["--workers", "0", "--cpus", "0"], tmp_path / "head.log")
     node = None
     try:
-        line = head.stdout.readline()
+        line = read_answer(head, 180)
         assert line, (tmp_path / "head.log").read_text()[-3000:]
         address = json.loads(line)["address"]
         script = (
             f'mount -t tmpfs zbrl-node2 "{hidden}" && cd "{node_cwd}" && exec "{sys.executable}" '
-            f'"{HERE / "loopback_cluster.py"}" --join {address} --cpus 2'
+            f'"{CLUSTER_SCRIPT}" --join {address} --cpus 2'
         )
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -108,23 +87,8 @@ def two_nodes(tmp_path):
         yield address, hidden, node
     finally:
         if node is not None:
-            node.stdin.close()  # end of input: the node stops its processes
-            stop_tree(node)
-        head.stdin.close()  # end of input: the helper shuts the head down
-        stop_tree(head)
-
-
-def run_zbrl(tmp_path: Path, tag: str, *args: str) -> tuple[subprocess.Popen, Path]:
-    stderr = tmp_path / f"{tag}.stderr"
-    with open(tmp_path / f"{tag}.stdout", "w") as out, open(stderr, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "zbrl.cli", *args],
-            stdout=out,
-            stderr=err,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
-    return proc, stderr
+            stop_tree(node)  # end of input: the node stops its processes
+        stop_tree(head)  # and the helper shuts the head down
 
 
 def loss_rows(metrics: Path) -> int:
@@ -146,7 +110,7 @@ def test_a_run_on_nodes_sharing_no_files_stops_and_resumes_from_the_head(two_nod
         "eval.max_prompts=4",
         "eval.max_new_tokens=4",
     ]
-    proc, stderr = run_zbrl(tmp_path, "train", "train", str(DEMO), *overrides)
+    proc, stderr = start(tmp_path, "train", "train", str(DEMO), *overrides)
     try:
         deadline = time.monotonic() + BOUND_S
         while loss_rows(run_dir / "metrics.jsonl") < 3:
@@ -185,12 +149,7 @@ def test_a_run_on_nodes_sharing_no_files_stops_and_resumes_from_the_head(two_nod
 
     target = stopped.version + 2
     args = ["resume", str(run_dir), f"training.max_steps={target}", "logging.save_final=true"]
-    proc, stderr = run_zbrl(tmp_path, "resume", *args)
-    try:
-        code = proc.wait(timeout=BOUND_S)
-    finally:
-        kill_tree(proc)
-    err = stderr.read_text()
+    code, err = finish(*start(tmp_path, "resume", *args))
     assert code == 0, err[-3000:]
     assert (
         f"resuming from {stopped.path} (step {stopped.version})"

@@ -448,3 +448,29 @@ def test_no_lending_while_admission_has_room():
     res = buf.reserve(0, 2, timeout=0, node="A")  # 2 of the 4 admitted tickets
     buf.put([make_group(t, 0) for t in res.tickets])
     assert buf.take(2, timeout=0, node="A")[1].parked_producers == 0  # it may generate more
+
+
+def test_failed_episodes_are_their_own_reason_and_step_metric():
+    """A group with a failed episode is dropped under ``failed_episodes`` (not
+    ``reward_failed``), counted per episode in the step's pre-filter metrics, and its placeholder
+    reward (0) is left out of the pre-filter reward mean."""
+    settings = buffer_settings(groups_per_step=2, max_staleness=0, num_producers=1)
+    buf = RolloutBuffer(settings)
+    first, second = buf.reserve(0, 2, timeout=0).tickets
+    bad = make_group(second, 0, ans_acc=(0.0, 0.0, 1.0))
+    bad.episode_failures = 2
+    buf.put([make_group(first, 0, ans_acc=(0.0, 1.0)), bad])
+    resumed = RolloutBuffer(settings)  # the figures survive a resume
+    resumed.load_state(pickle.loads(pickle.dumps(buf.state())))
+    (replacement,) = resumed.reserve(0, 2, timeout=0).tickets  # the drop freed one ticket
+    resumed.put([make_group(replacement, 0, ans_acc=(1.0, 1.0))])
+    status, batch = resumed.take(2, timeout=0)
+    assert status == "batch" and [g.ticket for g in batch.groups] == [first, replacement]
+    assert batch.raw_groups == 3
+    assert batch.raw_metrics["reward"] == pytest.approx((0.5 + 1.0) / 2)  # not (0.5+1/3+1)/3
+    assert batch.raw_metrics["failed_episodes"] == 2.0
+    assert batch.raw_metrics["reward_failed"] == 0.0
+    stats = resumed.stats
+    assert stats.per_reason == {"failed_episodes": 1}
+    assert (stats.groups_failed_episodes, stats.episodes_failed) == (1, 2)
+    assert stats.groups_dropped_reward_failed == 0

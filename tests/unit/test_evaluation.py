@@ -207,6 +207,19 @@ def test_eval_cli_model_defaults_to_the_configs_model_path(tiny_model_dir, task_
     assert len(eval_rows(out, "h")) == 2
 
 
+def test_eval_cli_held_out_is_the_embedded_tasks_held_out_split(tiny_model_dir, tmp_path):
+    """The default config trains on the embedded task: ``--data held_out`` evaluates that task's
+    held-out file (written into the cache on first use), not its training file."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    argv = ["eval", "--model", str(tiny_model_dir), "--data", "held_out", "--out", str(out)]
+    task = ["data.synthetic.num_train=6", "data.synthetic.num_eval=3", f"logging.cache_dir={cache}"]
+    assert main([*argv, *task, "--n", "1", "--max-new-tokens", "4"]) == 0
+    (held_out,) = cache.rglob("eval.jsonl")
+    golds = [json.loads(line)["gt_answer"] for line in held_out.read_text().splitlines()]
+    assert len(golds) == 3
+    assert [r["gold"] for r in eval_rows(out, "held_out")] == golds
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

@@ -393,6 +393,40 @@ def test_data_parallel_consumers_split_the_step():
     assert simulate(measured_two, shape(consumers=2)).step_s == pytest.approx(1.0)
 
 
+def test_context_parallel_consumers_are_data_parallel_slices_of_c():
+    """Four consumers measured in slices of C = 2 (two data-parallel slices), step 1.0 s. By hand:
+    one slice's work is 1.0 x 2 slices x 0.9 = 1.8 s a step; two consumers are one slice (no
+    data-parallel loss) and take 1.8 s; eight are four slices: 1.8 / (4 x 0.9) = 0.5 s. Counting
+    every consumer as a data-parallel rank would give 2.0 s for two consumers."""
+    cp = replace(simple_rates(0.1, 1.0), num_consumers=4, context_parallel_size=2)
+    assert cp.data_parallel_size == 2
+    fast_producers = {"producers": 8, "max_staleness": 8}
+    assert simulate(cp, shape(consumers=4, **fast_producers)).step_s == pytest.approx(1.0)
+    assert simulate(cp, shape(consumers=2, **fast_producers)).step_s == pytest.approx(1.8)
+    assert simulate(cp, shape(consumers=8, **fast_producers)).step_s == pytest.approx(0.5)
+    # one slice measured (two consumers, C = 2): four consumers are two slices at 0.9
+    one_slice = replace(cp, num_consumers=2)
+    step = simulate(one_slice, shape(consumers=4, **fast_producers)).step_s
+    assert step == pytest.approx(1.0 / (2 * 0.9))
+    with pytest.raises(
+        ValueError, match=r"multiple of the run's training\.engine\.context_parallel"
+    ):
+        simulate(cp, shape(consumers=3))
+
+
+def test_a_runs_context_parallelism_reaches_the_plan(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run")
+    cp = ["launch.num_consumers=2", "training.engine={type: fsdp2, context_parallel_size: 2}"]
+    cfg = load_config(DEMO_RECIPE, cp)
+    (run_dir / "config.yaml").write_text(resolved_yaml(cfg), encoding="utf-8")
+    assert main(["plan", str(run_dir), "--consumers", "4", "--medians", "--json"]) == 0
+    # the run's step of 8 groups took 0.5 s on one slice; two slices at 0.9: 0.5 / 1.8
+    assert json.loads(capsys.readouterr().out)["step_s"] == pytest.approx(0.5 / 1.8)
+    assert main(["plan", str(run_dir), "--search", "7", "--medians", "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)["splits"]
+    assert [s["consumers"] for s in searched] == [6, 4, 2]  # whole slices of two
+
+
 @pytest.mark.parametrize("producers", [1, 2, 3])
 @pytest.mark.parametrize("staleness", [0, 1, 3])
 def test_the_staleness_bound_holds_in_the_trace(producers, staleness):

@@ -378,6 +378,17 @@ def test_eval_mistakes_are_error_lines_before_any_model_loads(
         (["--model", model, "--data", str(tmp_path / "none.jsonl")], "--data none="),
         (["--model", model, "--data", str(tmp_path / "bad.jsonl")], "bad.jsonl line 1"),
         (["--model", model, "--data", data, "--reward", "nowhere.module:fn"], "reward"),
+        (
+            ["--model", model, "--data", "held_out", f"data.train_path={data}"],
+            "--data held_out: the config trains on data.train_path=",
+        ),
+        (
+            [
+                *["--model", model, "--data", "held_out", "eval.sets={}"],
+                f"data.source={{type: hf, path: {data}}}",
+            ],
+            "--data held_out: data.source has no eval_split; set data.source.eval_split",
+        ),
     ]
     for argv, needle in cases:
         assert cli.main(["eval", *argv]) != 0, argv
@@ -468,3 +479,53 @@ def test_validate_imports_a_reward_and_environment_next_to_the_recipe(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "type: my_reward:score" in out.stdout and "type: my_env:Env" in out.stdout
+
+
+def test_more_gpus_than_the_machine_has_fail_before_anything_is_written(
+    start, tmp_path, monkeypatch, capsys
+):
+    import zbrl.launch.preflight as preflight
+
+    monkeypatch.setattr(preflight, "local_gpu_count", lambda: 1)
+    assert start("launch.num_producers=2", "launch.producer_num_gpus=1") == 1
+    err = error_line(capsys)
+    assert "the workers need 2 GPUs (launch.num_producers=2 x launch.producer_num_gpus=1)" in err
+    assert "but this machine has 1; lower those fields" in err
+    assert not start.runs.exists() and not (tmp_path / "cache").exists()
+
+
+def test_more_cpus_than_the_running_ray_has_fail_before_anything_is_written(
+    start, monkeypatch, capsys
+):
+    """A process that runs Ray already (a test session's, a notebook's) lends it to the run
+    as it is: a run that does not fit it is refused by the pre-flight."""
+    fake = types.ModuleType("ray")
+    fake.is_initialized = lambda: True
+    fake.cluster_resources = lambda: {"CPU": 2.0}
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    assert start("launch.num_producers=2", "launch.consumer_num_cpus=1.5") == 1
+    err = error_line(capsys)
+    assert (
+        "the workers need 3.5 CPUs (launch.num_producers=2 x launch.producer_num_cpus=1, "
+        "launch.num_consumers=1 x launch.consumer_num_cpus=1.5) but the Ray this process runs "
+        "has 2;"
+    ) in err
+    assert not start.runs.exists()
+
+
+@pytest.mark.parametrize(
+    ("bundles", "needed"),
+    [
+        ([(3, 0.6)], 3),  # no two bundles over half a GPU share one
+        ([(4, 0.25)], 1),
+        ([(2, 1.0), (2, 0.5)], 3),
+        ([(1, 0.6), (2, 0.2)], 1),
+        ([(1, 0.6), (2, 0.3)], 2),  # 1.2 GPUs in all
+        ([(1, 2.0), (1, 0.0)], 2),
+    ],
+)
+def test_gpus_needed_is_what_no_placement_can_do_without(bundles, needed):
+    from zbrl.launch.preflight import WorkerAsk, gpus_needed
+
+    asks = [WorkerAsk("f", count, 1.0, gpus) for count, gpus in bundles]
+    assert gpus_needed(asks) == needed

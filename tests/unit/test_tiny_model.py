@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from zbrl.embedded.addition_task import make_arithmetic_rows, reference_completion
-from zbrl.embedded.tiny_model import build_tiny_model, create_embedded_model
+from zbrl.embedded.tiny_model import build_tiny_model, create_embedded_model, tiny_model_config
 from zbrl.embedded.tokenizer import EOS_TOKEN, ROLE_TOKENS, TAG_TOKENS, build_tokenizer
 from zbrl.embedded.warm_start import (
     MARKER,
@@ -153,16 +153,18 @@ def test_generation_stops_at_the_eos_token(model_dir):
 
 def test_build_tiny_model_is_seeded_and_sized():
     tok = build_tokenizer()
-    a = build_tiny_model(tok, hidden_size=64, num_layers=1, num_heads=2, seed=1)
-    b = build_tiny_model(tok, hidden_size=64, num_layers=1, num_heads=2, seed=1)
-    c = build_tiny_model(tok, hidden_size=64, num_layers=1, num_heads=2, seed=2)
+    config = tiny_model_config(tok, hidden_size=64, num_layers=1, num_heads=2)
+    a, b = build_tiny_model(config, seed=1), build_tiny_model(config, seed=1)
+    c = build_tiny_model(config, seed=2)
     assert a.config.vocab_size == len(tok)
     assert a.config.hidden_size == 64 and a.config.num_hidden_layers == 1
+    assert a.generation_config.eos_token_id == tok.eos_token_id
+    assert a.generation_config.pad_token_id == tok.pad_token_id
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), name
     assert any(not torch.equal(q, r) for q, r in zip(b.parameters(), c.parameters()))
     with pytest.raises(ValueError, match="divisible"):
-        build_tiny_model(tok, hidden_size=30, num_heads=4)
+        tiny_model_config(tok, hidden_size=30, num_heads=4)
 
 
 def _warm_start(cache, **settings):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from zbrl.assembly.embedded import embedded_task_files
 from zbrl.assembly.environments import episode_tool_prompt
 from zbrl.assembly.rewards import answer_spec, default_system_prompt
 from zbrl.config import (
@@ -122,14 +123,29 @@ def check_readable_file(path: str, field: str) -> None:
 
 
 def eval_ref(cfg: RunConfig, value: str) -> DatasetRef:
-    """What ``zbrl eval --data`` reads: a file, or ``held_out`` (the source's eval split)."""
-    if value == HELD_OUT:
-        if cfg.data.source is None:
-            raise FileNotFoundError(
-                f"--data {HELD_OUT}: the recipe has no data.source to take a held-out split "
-                "from; give a conversation file"
+    """What ``zbrl eval --data`` reads: a file, ``held_out`` (the held-out split of the config's
+    training data: ``data.source``'s, or the embedded task's when the config trains on it) or
+    ``embedded`` (the embedded task's held-out split, written on first use), as ``eval.sets``
+    reads them. A RunError naming ``--data`` and the fix when the config's training data has no
+    held-out split."""
+    data = cfg.data
+    where = f"--data {value}"
+    if value == HELD_OUT and data.source is not None:
+        if isinstance(data.source, HfSource) and data.source.eval_split is None:
+            raise RunError(
+                f"{where}: data.source has no eval_split; set data.source.eval_split to the "
+                "split to evaluate on (e.g. data.source.eval_split=test), or give a "
+                "conversation file (--data NAME=PATH)"
             )
-        return SourceSplit(cfg.data.source, "eval")
+        return SourceSplit(data.source, "eval")
+    if value == EMBEDDED or (value == HELD_OUT and data.trains_on_embedded):
+        return embedded_task_files(cfg)[1]
+    if value == HELD_OUT:
+        raise RunError(
+            f"{where}: the config trains on data.train_path={data.train_path!r}, a file, which "
+            "has no held-out split; give a conversation file (--data NAME=PATH), or "
+            f"--data {EMBEDDED} for the embedded arithmetic task's held-out split"
+        )
     return Path(value)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from zbrl.assembly.datasets import DatasetRef, check_readable_file, eval_ref
-from zbrl.config import HELD_OUT, RunConfig
+from zbrl.config import EMBEDDED, HELD_OUT, RunConfig
 from zbrl.errors import RunError
 
 
@@ -51,7 +51,8 @@ class EvalInputs:
     tokenizer: Any
     """The tokenizer, with ``model.chat_template`` applied when set."""
     sets: list[tuple[str, DatasetRef]]
-    """Each ``--data`` set's name and what it reads (a file, or the source's held-out split)."""
+    """Each ``--data`` set's name and what it reads (a file, or a held-out split:
+    ``data.source``'s or the embedded task's)."""
 
 
 def open_eval_inputs(
@@ -71,8 +72,9 @@ def open_eval_inputs(
     check_reward(cfg)
     check_environment(cfg)
     for name, path in data:
-        if path != HELD_OUT:
+        if path not in (HELD_OUT, EMBEDDED):
             check_readable_file(path, f"--data {name}")
+    sets = [(name, eval_ref(cfg, path)) for name, path in data]
     model_dir = eval_model_dir(cfg, model, field=field)
     tokenizer_dir = user_tokenizer_dir(cfg) or model_dir
     if cfg.model.tokenizer_path is None:
@@ -83,7 +85,6 @@ def open_eval_inputs(
         )
     tokenizer = load_tokenizer(cfg, tokenizer_dir)  # every set is encoded before the model loads
     check_episode_template(cfg, tokenizer)
-    sets = [(name, eval_ref(cfg, path)) for name, path in data]
     return EvalInputs(model_dir, tokenizer_dir, tokenizer, sets)
 
 

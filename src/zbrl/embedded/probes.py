@@ -137,18 +137,11 @@ def episode_accuracy(
     model: Any, tokenizer: Any, rows: list[dict], *, tools: bool, temperature: float
 ) -> float:
     """Answer accuracy of ``rows`` as episodes (with the calculator when ``tools``)."""
-    from zbrl.rollout.backends.base import SamplingParams
+    from zbrl.rollout.backends.base import one_sample
     from zbrl.types import EncodedPrompt
 
     runner, backend = episode_runner(model, tokenizer, tools=tools)
-    params = SamplingParams(
-        n=1,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=EPISODE_TURN_TOKENS,
-        stop_strings=(),
-    )
+    params = one_sample(temperature, EPISODE_TURN_TOKENS)
     template = tokenizer.apply_chat_template
     prompts = [
         EncodedPrompt(str(i), token_ids(template(r["messages"], add_generation_prompt=True)), r)

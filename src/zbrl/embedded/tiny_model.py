@@ -49,35 +49,18 @@ def tiny_model_config(
     )
 
 
-def build_tiny_model(
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int | None = None,
-    max_position_embeddings: int = 512,
-    seed: int = 0,
-) -> LlamaForCausalLM:
-    """A randomly initialised (seeded) ``LlamaForCausalLM`` of :func:`tiny_model_config`'s
-    shape. The model's generation config stops at the tokenizer's EOS and pads with its PAD
-    token.
+def build_tiny_model(config: LlamaConfig, *, seed: int = 0) -> LlamaForCausalLM:
+    """A randomly initialised (seeded) ``LlamaForCausalLM`` of ``config`` (a
+    :func:`tiny_model_config`). The model's generation config stops at the tokenizer's EOS and
+    pads with its PAD token, as ``config`` names them.
     """
-    config = tiny_model_config(
-        tokenizer,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
     )
     return model
 
@@ -110,8 +93,8 @@ def portable_tokenizer_class(model_dir: str | Path) -> None:
 def create_embedded_model(model_dir: str | Path, *, seed: int = 0, **arch) -> Path:
     """Write a freshly initialised tiny model + tokenizer to ``model_dir`` and return it.
 
-    ``arch`` overrides :func:`build_tiny_model`'s size arguments (``hidden_size``, ...).
+    ``arch`` overrides :func:`tiny_model_config`'s size arguments (``hidden_size``, ...).
     """
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed, **arch)
+    model = build_tiny_model(tiny_model_config(tokenizer, **arch), seed=seed)
     return save_model_dir(model, tokenizer, model_dir)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # imported where a model is trained: a cached warm start is found without them
     import torch
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 MARKER = "WARM_START_COMPLETE"
 PROBE_SIZE = 64
@@ -102,6 +102,18 @@ class WarmStartSettings:
     num_layers: int = 2
     num_heads: int = 4
 
+    def model_config(self, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+        """The warm-started model's config (:func:`zbrl.embedded.tiny_model.tiny_model_config`
+        of these sizes)."""
+        from zbrl.embedded.tiny_model import tiny_model_config
+
+        return tiny_model_config(
+            tokenizer,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+        )
+
 
 def settings_record(task: WarmStartTask, settings: WarmStartSettings) -> dict[str, Any]:
     """The settings a warm start records and hashes: the training settings and the task's."""
@@ -171,13 +183,7 @@ def _build(
     with torch.random.fork_rng(devices=[]):  # the calling process's random state is left alone
         torch.manual_seed(s.seed)
         tokenizer = build_tokenizer()
-        model = build_tiny_model(
-            tokenizer,
-            hidden_size=s.hidden_size,
-            num_layers=s.num_layers,
-            num_heads=s.num_heads,
-            seed=s.seed,
-        )
+        model = build_tiny_model(s.model_config(tokenizer), seed=s.seed)
         pool = task.rows(s.n_train + PROBE_SIZE, seed=s.seed, split="train")
         rows, probe = pool[: s.n_train], pool[s.n_train :]
         probe_log: dict[str, float] = {}

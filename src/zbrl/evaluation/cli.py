@@ -4,7 +4,8 @@ outside training.
 ``--model`` takes what ``model.path`` takes (a checkpoint or any Hugging Face model directory, a
 LoRA checkpoint, a ``.gguf`` file, a pulled model's name, a Hub id, ``embedded``); without it the
 config's ``model.path`` is evaluated. Dotted overrides change the config as ``zbrl train``'s do;
-``--data held_out`` evaluates the held-out split of the config's ``data.source``."""
+``--data held_out`` evaluates the held-out split of the config's training data (``data.source``'s,
+or the embedded task's), ``--data embedded`` the embedded task's."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zbrl.config import RunConfig, load_config
-from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.backends.base import one_sample
 from zbrl.rollout.endpoint.calls import serve_calls
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
@@ -45,14 +45,7 @@ def start_serving(
 
     backend = build_backend(cfg, model_dir, model_dir)
     eos_ids = set(getattr(backend, "eos_ids", None) or {backend.tokenizer.eos_token_id})
-    params = SamplingParams(
-        n=1,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=max_tokens,
-        stop_strings=(),
-    )
+    params = one_sample(temperature, max_tokens)
     endpoint = Endpoint(
         Renderer(backend.tokenizer, eos_ids), settings, model_dir.name, serve_params=params
     )

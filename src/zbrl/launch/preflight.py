@@ -8,19 +8,23 @@ The config's own checks (zbrl.config.checks) ran when the config was loaded; the
 machine or the network: whether optional packages are installed (vLLM for
 ``rollout.backend.type=vllm``, wandb and TensorBoard for their sinks), whether the reward and
 the environment build, whether the dataset files exist and can be read, whether
-``launch.ray_address`` answers, whether the broadcast address exists here, whether this machine
-has the GPUs NCCL needs, and whether the model, tokenizer and chat template can be had (a Hub id
-or GGUF file is fetched here). What needs the built model (the embedded one is built after
-these) is checked by :func:`zbrl.launch.inputs.prepare_inputs`, still before the run directory:
-the chat template against the environment, the LoRA targets against the model.
+``launch.ray_address`` answers, whether a local run's workers fit this machine (its GPUs, or
+the CPUs and GPUs of a Ray this process already runs), whether the broadcast address exists
+here, whether this machine has the GPUs NCCL needs, and whether the model, tokenizer and chat
+template can be had (a Hub id or GGUF file is fetched here). What needs the built model (the
+embedded one is built after these) is checked by :func:`zbrl.launch.inputs.prepare_inputs`,
+still before the run directory: the chat template against the environment, the LoRA targets
+against the model.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from zbrl.assembly.artifacts import RunSources
@@ -64,6 +68,7 @@ def preflight(cfg: RunConfig) -> RunSources:
     planned = check_memory_plan(cfg)  # False: the model's shape needs the model fetched first
     datasets = open_dataset_refs(cfg)  # the files exist and can be read; data.source gives data
     check_ray_address(cfg)
+    check_local_resources(cfg)  # a local run's workers fit this machine's GPUs (and its Ray)
     check_broadcast_address(cfg)
     check_nccl_gpus(cfg)
     model = open_model_source(cfg)  # model, tokenizer, chat template (a Hub id/GGUF is fetched)
@@ -146,6 +151,105 @@ def check_ray_address(cfg: RunConfig) -> None:
             f"(`ray start --head --node-ip-address={target[0]} --port={target[1]}`, see "
             "docs/scaling.md) or fix the address; unset it for a local run"
         ) from None
+
+
+@dataclass(frozen=True)
+class WorkerAsk:
+    """One kind of worker's reservation: ``count`` bundles of ``cpus`` and ``gpus`` each, and
+    the config fields that set them (for the error message)."""
+
+    fields: str
+    """How the message names it, e.g. ``launch.num_producers=2 x launch.producer_num_gpus=1``
+    (filled with the resource in question)."""
+    count: int
+    cpus: float
+    gpus: float
+
+
+def worker_asks(cfg: RunConfig) -> list[WorkerAsk]:
+    """What the run's placement groups reserve (:func:`zbrl.launch.placement.reserve`):
+    producers, consumers and reward workers (those that reserve anything)."""
+    from zbrl.launch.placement import reward_worker_count, reward_worker_resources
+
+    la = cfg.launch
+    asks = [
+        WorkerAsk(
+            f"launch.num_producers={la.num_producers} x launch.producer_num_{{}}",
+            la.num_producers,
+            la.producer_num_cpus,
+            la.producer_num_gpus,
+        ),
+        WorkerAsk(
+            f"launch.num_consumers={la.num_consumers} x launch.consumer_num_{{}}",
+            la.num_consumers,
+            la.consumer_num_cpus,
+            la.consumer_num_gpus,
+        ),
+    ]
+    workers = reward_worker_count(cfg)
+    if workers:
+        cpus, gpus = reward_worker_resources(cfg)
+        if cpus > 0 or gpus > 0:
+            asks.append(
+                WorkerAsk(f"reward.workers={workers} x reward.worker_num_{{}}", workers, cpus, gpus)
+            )
+    return asks
+
+
+def gpus_needed(asks: list[WorkerAsk]) -> int:
+    """The fewest GPUs that can hold every bundle: at least their sum, and a bundle of more than
+    half a GPU shares its device with no other such bundle (Ray places a fractional GPU on one
+    device). A lower bound, so that a machine it refuses is one no placement fits."""
+    total = sum(a.count * a.gpus for a in asks)
+    own_devices = sum(a.count * math.ceil(a.gpus) for a in asks if a.gpus > 0.5)
+    return max(own_devices, math.ceil(total - 1e-9))
+
+
+def check_local_resources(cfg: RunConfig) -> None:
+    """A local run whose workers ask for more GPUs than this machine has (or, when this process
+    already runs Ray, say a test session's, more CPUs or GPUs than that Ray has) is refused here,
+    naming the fields; otherwise its placement would wait ``launch.placement_timeout_s`` and fail
+    once the run has started. The local Ray a run starts is given the CPUs its workers reserve,
+    so CPUs are not judged then; a cluster's resources are known only once Ray connects, where
+    :func:`zbrl.launch.placement.reserve` checks them."""
+    if cfg.launch.ray_address or os.environ.get("RAY_ADDRESS"):
+        return
+    asks = worker_asks(cfg)
+    ray = sys.modules.get("ray")  # imported here only when this process runs Ray already
+    if ray is not None and ray.is_initialized():
+        have = ray.cluster_resources()
+        check_fits(asks, "cpus", have.get("CPU", 0.0), "the Ray this process runs has")
+        check_fits(asks, "gpus", have.get("GPU", 0.0), "the Ray this process runs has")
+    elif any(a.gpus > 0 for a in asks):
+        check_fits(asks, "gpus", float(local_gpu_count()), "this machine has")
+
+
+def check_fits(asks: list[WorkerAsk], resource: str, have: float, where: str) -> None:
+    """A RunError naming the fields when ``asks`` need more ``resource`` (``cpus`` or ``gpus``)
+    than ``have``; ``where`` says whose resources they are."""
+    needed = sum(a.count * a.cpus for a in asks) if resource == "cpus" else gpus_needed(asks)
+    if needed <= have + 1e-9:
+        return
+    unit = resource[:-1].upper()
+    asked = ", ".join(
+        a.fields.format(f"{resource}={getattr(a, resource):g}")
+        for a in asks
+        if getattr(a, resource) > 0
+    )
+    raise RunError(
+        f"the workers need {needed:g} {unit}{'' if needed == 1 else 's'} ({asked}) but {where} "
+        f"{have:g}; "
+        "lower those fields (launch.*_num_gpus=0 runs a worker on CPU) or the worker counts, or "
+        "run on a cluster that has them (launch.ray_address, docs/scaling.md)"
+    )
+
+
+def local_gpu_count() -> int:
+    """The CUDA GPUs this process sees (those a local Ray detects: CUDA_VISIBLE_DEVICES
+    applies)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def check_broadcast_address(cfg: RunConfig) -> None:

@@ -53,7 +53,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         help="with --memory: GPUs available (default: as many as the recipe's layout asks)",
     )
     p.add_argument("--producers", type=int, default=None, help="producers N")
-    p.add_argument("--consumers", type=int, default=None, help="data-parallel consumers M")
+    p.add_argument(
+        "--consumers",
+        type=int,
+        default=None,
+        help="consumers M (M/C data-parallel slices under the run's context parallelism C)",
+    )
     p.add_argument("--staleness", type=int, default=None, help="transport.max_staleness")
     p.add_argument("--batch", type=int, default=None, help="groups per step (train_batch_size)")
     p.add_argument("--group", type=int, default=None, help="completions per prompt")
@@ -151,11 +156,19 @@ def background_from_args(args: argparse.Namespace, rates: RunRates) -> float:
     return value
 
 
-def splits(shape: Shape, total: int) -> list[Shape]:
-    """Every ``producers + consumers == total`` variant of ``shape``."""
-    if total < 2:
-        raise ValueError(f"--search needs at least 2 workers, got {total}")
-    return [replace(shape, producers=p, consumers=total - p) for p in range(1, total)]
+def splits(shape: Shape, total: int, context_parallel_size: int = 1) -> list[Shape]:
+    """Every ``producers + consumers == total`` variant of ``shape`` whose consumers form whole
+    slices of ``context_parallel_size`` (the measured run's)."""
+    if total < context_parallel_size + 1:
+        raise ValueError(
+            f"--search needs at least {context_parallel_size + 1} workers (a producer and "
+            f"{context_parallel_size} consumer(s)), got {total}"
+        )
+    return [
+        replace(shape, producers=p, consumers=total - p)
+        for p in range(1, total)
+        if (total - p) % context_parallel_size == 0
+    ]
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
@@ -176,7 +189,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
         shape = shape_from_args(args, rates)
         if args.plot and args.search is None:
             raise ValueError("--plot needs --search TOTAL (it plots the splits)")
-        shapes = splits(shape, args.search) if args.search is not None else [shape]
+        shapes = (
+            splits(shape, args.search, rates.context_parallel_size)
+            if args.search is not None
+            else [shape]
+        )
         predictions = [simulate(rates, s) for s in shapes]
     except (RatesError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -201,7 +218,13 @@ def render(rates: RunRates, predictions: list[Prediction], best: Prediction | No
     """The measured rates, then one row per predicted shape (``*``: the best split)."""
     lines = [
         f"measured in {rates.run_dir} ({rates.num_producers} producer(s) x "
-        f"{rates.num_consumers} consumer(s), batch {rates.train_batch_size}x{rates.group_size}"
+        f"{rates.num_consumers} consumer(s)"
+        + (
+            f" in slices of context parallelism {rates.context_parallel_size}"
+            if rates.context_parallel_size > 1
+            else ""
+        )
+        + f", batch {rates.train_batch_size}x{rates.group_size}"
         + (f", busy rates per core of {rates.run_cores}" if rates.run_cores else "")
         + ")"
     ]

@@ -3,7 +3,8 @@
 Where the shape comes from, in this order (:func:`model_shape`):
 
 - ``model.path: embedded``: the tiny model's ``LlamaConfig``, built from the embedded tokenizer
-  and the warm start's size settings (:func:`zbrl.embedded.tiny_model.tiny_model_config`);
+  and the warm start's size settings
+  (:meth:`zbrl.embedded.warm_start.WarmStartSettings.model_config`);
 - a local model directory (or one given by the caller, e.g. a Hub id the pre-flight fetched):
   its ``config.json``;
 - a pulled model's short name (``smollm2-135m``): ``config.json`` of the directory
@@ -164,14 +165,10 @@ def known_shape(spec: str) -> ModelShape | None:
 
 def embedded_shape() -> ModelShape:
     """The embedded tiny model's shape (its tokenizer is built: milliseconds, no weights)."""
-    from zbrl.embedded.tiny_model import tiny_model_config
     from zbrl.embedded.tokenizer import build_tokenizer
     from zbrl.embedded.warm_start import WarmStartSettings
 
-    s = WarmStartSettings()
-    config = tiny_model_config(
-        build_tokenizer(), hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads
-    )
+    config = WarmStartSettings().model_config(build_tokenizer())
     return shape_from_config(config.to_dict(), "the embedded model's config")
 
 

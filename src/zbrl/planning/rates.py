@@ -24,8 +24,10 @@ from pathlib import Path
 
 from zbrl.config import ConfigError, RunConfig, load_config
 from zbrl.planning.contention import as_single_core, background_load
+from zbrl.planning.memory import cp_size
 from zbrl.telemetry.idle import worker_utilisation
 from zbrl.telemetry.overlap import WARMUP_FRACTION, steady_window
+from zbrl.telemetry.report import SUMMARY_FILE, read_summary
 from zbrl.telemetry.spans import (
     CPU_S,
     GENERATE,
@@ -42,7 +44,6 @@ from zbrl.telemetry.spans import (
 from zbrl.telemetry.timeline import TIMELINE_FILE, read_timeline
 
 CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 WORK_SPANS = frozenset({GENERATE, SCORE, PUSH, LOAD_WEIGHTS, TRAIN_STEP})
 """Spans whose duration is CPU work (what ``run_cores`` converts)."""
@@ -127,6 +128,15 @@ class RunRates:
     response_length_p90: float | None
     measured: dict[str, float]
     """The run's own summary figures (samples/s, idle shares, mean staleness)."""
+    context_parallel_size: int = 1
+    """Consumers of the run that split each sequence between them
+    (``training.engine.context_parallel_size``): a data-parallel slice is this many consumers,
+    and the run had ``num_consumers / context_parallel_size`` of them."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The run's data-parallel slices (its consumers over the context-parallel size)."""
+        return self.num_consumers // self.context_parallel_size
 
     @property
     def generation_tokens_per_s(self) -> float | None:
@@ -212,6 +222,7 @@ def read_rates(run_dir: str | Path, run_cores: int | None = None) -> RunRates:
             **steady_state_figures(spans, g),
             **_median_metric(run_dir, "train_tokens_per_s"),
         },
+        context_parallel_size=cp_size(cfg),
     )
 
 
@@ -342,17 +353,15 @@ def _config(run_dir: Path) -> RunConfig:
 
 
 def _summary(run_dir: Path) -> dict:
-    path = run_dir / SUMMARY_FILE
-    if not path.is_file():
-        raise RatesError(
-            f"no {SUMMARY_FILE} at {path}: the run did not finish (plan needs a finished run)"
-        )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RatesError(f"{path} is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise RatesError(f"{path} does not hold a JSON object")
+        data = read_summary(run_dir)
+    except ValueError as e:
+        raise RatesError(str(e)) from None
+    if data is None:
+        raise RatesError(
+            f"no {SUMMARY_FILE} at {run_dir / SUMMARY_FILE}: the run did not finish (plan needs "
+            "a finished run)"
+        )
     return data
 
 

@@ -13,7 +13,8 @@ Model (see docs/planning.md):
   available version if it is newer than its own (``load_weights_s``) → per micro-batch of
   prompts, generate (the fitted generation model × ``gen_scale``) and score → push (per group);
   the groups carry the version it loaded;
-- the **consumers** (``M`` data-parallel ranks in lockstep, one simulated entity) loop: take
+- the **consumers** (``M`` ranks in lockstep, one simulated entity; ``M / C`` data-parallel
+  slices of the run's context-parallel size ``C``, see :func:`step_seconds`) loop: take
   ``train_batch_size`` groups (idle while they are not ready, then for the take's round trip
   ``take_latency_s``, the buffer's work) → train one step → the step's
   bookkeeping (``step_overhead_s``) → ``advance_version``. The step's weights become available
@@ -157,21 +158,26 @@ class Prediction:
 
 
 def step_seconds(rates: RunRates, shape: Shape) -> float:
-    """One training step of ``shape.consumers`` data-parallel ranks.
+    """One training step of ``shape.consumers`` consumers.
 
-    The run's measured step, per group, is first turned into one rank's work (× the run's ranks
-    × their efficiency), scaled to the new batch (groups × group size, linear) and
-    ``train_scale``, then split over the new ranks at ``dp_efficiency`` (1 for a single rank):
-    ``t_M = t_1 / (M · e)``. When the shape has the run's ranks and batch this is the measured
-    step itself."""
+    The unit of data parallelism is a slice of C consumers, C the run's context-parallel size
+    (``training.engine.context_parallel_size``; 1 without it): the C ranks of a slice split each
+    sequence between them, so a slice's speed is what the run measured, and the consumers form
+    ``D = M / C`` data-parallel slices. The run's measured step, per group, is first turned into
+    one slice's work (× the run's slices × their efficiency), scaled to the new batch (groups ×
+    group size, linear) and ``train_scale``, then split over the new slices at ``dp_efficiency``
+    (1 for a single slice): ``t_D = t_1 / (D · e)``. When the shape has the run's consumers and
+    batch this is the measured step itself."""
 
-    def eff(m: int) -> float:
-        return 1.0 if m == 1 else shape.dp_efficiency
+    def eff(d: int) -> float:
+        return 1.0 if d == 1 else shape.dp_efficiency
 
-    one_rank_per_group = rates.train_per_group_s * rates.num_consumers * eff(rates.num_consumers)
-    per_group = one_rank_per_group * shape.group_size / rates.group_size
+    run_slices = rates.data_parallel_size
+    one_slice_per_group = rates.train_per_group_s * run_slices * eff(run_slices)
+    per_group = one_slice_per_group * shape.group_size / rates.group_size
     work = per_group * shape.train_batch_size * shape.train_scale
-    return work / (shape.consumers * eff(shape.consumers))
+    slices = shape.consumers // rates.context_parallel_size
+    return work / (slices * eff(slices))
 
 
 def producer_batch_seconds(rates: RunRates, shape: Shape, groups: int) -> float:
@@ -433,6 +439,12 @@ def _covered(intervals: list[tuple[float, float]], start: float, end: float) -> 
 def simulate(rates: RunRates, shape: Shape) -> Prediction:
     """Simulate ``shape.steps`` training steps of ``shape`` with ``rates``."""
     _check(shape)
+    cp = rates.context_parallel_size
+    if shape.consumers % cp:
+        raise ValueError(
+            f"consumers must be a multiple of the run's training.engine.context_parallel_size="
+            f"{cp} (its consumers form data-parallel slices of {cp}), got {shape.consumers}"
+        )
     sim = _Simulation(rates, shape)
     sim.run()
     return sim.prediction()

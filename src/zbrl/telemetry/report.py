@@ -142,7 +142,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
         "",
         f"mean idle fraction by role: {role_line}",
     ]
-    summary = _read_summary(run_dir)
+    summary = read_summary(run_dir) or {}
     if summary:
         lines += ["", f"{SUMMARY_FILE}:"]
         lines += [f"  {k}: {v}" for k, v in _flatten(summary)]
@@ -150,16 +150,18 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
     return "\n".join(lines)
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any]:
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``RUN_DIR/summary.json``; None when the run wrote none (it has not finished). A ValueError
+    naming the file when it is not a JSON object."""
     path = run_dir / SUMMARY_FILE
     if not path.is_file():
-        return {}
+        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise ValueError(f"{path} is not JSON: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+        raise ValueError(f"{path} does not hold a JSON object (it holds a {type(data).__name__})")
     return data
 
 

@@ -347,7 +347,8 @@ def _batch_metrics(batch: TrainBatch, trained_at: int, train_s: float) -> dict[s
         "truncated_frac": sum(t for g in groups for t in g.truncated) / count,
     }
     out.update(token_staleness(groups, trained_at))
-    # reward, format_acc, ans_acc, response_length (pre-filter means), reward_timeouts (a count)
+    # reward, format_acc, ans_acc, response_length (pre-filter means); reward_timeouts,
+    # reward_failed, failed_episodes (counts)
     out.update(batch.raw_metrics)
     out.update(_env_metrics(groups, count))
     return out

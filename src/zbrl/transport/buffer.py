@@ -19,6 +19,20 @@ like a score) is dropped on arrival whatever the filters, counted
 filtered group's is: admission then lets a producer make a replacement group, so the batch is
 filled with scored groups (or, at the end of the data, comes smaller).
 
+Failed episodes. A group with an episode that failed before it could be scored (an agent's
+timeout, crash or malformed result: ``RolloutGroup.episode_failures``) is dropped the same way.
+Both mean "this group has no trustworthy score", yet they stay two reasons with their own
+counters (``reward_failed``: ``groups_dropped_reward_failed`` and the responses;
+``failed_episodes``: ``groups_failed_episodes`` and the episodes) because they have different
+causes and fixes: a reward failure is the scorer's (a reward service, worker, judge or sandbox;
+fix the reward or its ``reward.timeout_s`` / ``reward.workers``), an episode failure the
+agent's or environment's (``environment.timeout_s``, the agent's code; ``env/agent_*`` say which
+kind). A user who sees only one merged count could not tell which to fix. Both are also counted
+in the step metrics over every group that arrived (``reward_failed``, ``failed_episodes``):
+the trained groups' ``env/agent_failures`` can never show a failed episode, since its group is
+never trained. A failed episode's placeholder reward (0) is not a score: the pre-filter
+``reward`` mean leaves its group out, as it leaves out the responses whose reward failed.
+
 Per-token versions (in-flight updates, ``RolloutGroup.token_versions``) leave this rule as it is:
 a group's ``policy_version`` is the version of its *oldest* token. A producer loads at least the
 reservation's version before it starts and versions only go up while it generates, so every
@@ -51,7 +65,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from zbrl.algorithms.filters import group_in_accuracy_range
 from zbrl.types import Reservation, RolloutGroup, TrainBatch
@@ -61,6 +75,20 @@ _DROPPED = object()
 TakeResult = tuple[str, TrainBatch | None]
 """``("batch", batch)``, ``("end", None)``, ``("stop", None)`` or ``("timeout", None)`` (see
 ``RolloutBuffer.take``)."""
+
+
+class RawGroup(NamedTuple):
+    """One arrived group's figures for the step's pre-filter metrics (:func:`_mean_raw`)."""
+
+    reward: float
+    """Mean over its scored responses; NaN when it has none (or a failed episode)."""
+    format_acc: float
+    ans_acc: float
+    response_length: float
+    reward_timeouts: int
+    reward_failed: int
+    failed_episodes: int = 0
+    """Episodes that failed before a score (0 in a buffer state saved before it was counted)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,8 @@ class BufferStats:
     groups_filtered_truncated: int = 0
     groups_failed_episodes: int = 0
     """Groups dropped because an episode failed without a score (an agent's failure)."""
+    episodes_failed: int = 0
+    """Episodes that failed without a score, over every group received."""
     groups_dropped_stale: int = 0
     groups_dropped_reward_failed: int = 0
     """Groups with a response whose reward failed (no score), dropped on arrival: never trained
@@ -138,7 +168,7 @@ class RolloutBuffer:
         self._producer_states: dict[int, dict[str, Any]] = {}  # producer -> its last resume point
         # per group: mean reward (NaN when no response has a score), format_acc, ans_acc,
         # response length; reward timeouts and failures (counts)
-        self._raw: list[tuple[float, float, float, float, int, int]] = []
+        self._raw: list[RawGroup] = []
         self.stats = BufferStats()
 
     # -- producers -----------------------------------------------------------------------------
@@ -399,7 +429,7 @@ class RolloutBuffer:
             self._finished = set(state["finished"])
             self._owners = dict(state["owners"])
             self._producer_states = dict(state["producer_states"])
-            self._raw = [tuple(r) for r in state["raw"]]
+            self._raw = [RawGroup(*r) for r in state["raw"]]
             stats = dict(state["stats"])
             stats["per_reason"] = dict(stats["per_reason"])
             self.stats = BufferStats(**stats)
@@ -450,16 +480,19 @@ class RolloutBuffer:
         self.stats.groups_received += 1
         self.stats.samples_generated += g
         self.stats.responses_reward_failed += group.reward_failed
+        self.stats.episodes_failed += group.episode_failures
         lengths = group.response_lengths
-        scores = [r for r in group.rewards if not math.isnan(r)]
+        # a failed episode's reward is a placeholder: its group has no score to average
+        scores = [] if group.episode_failures else [r for r in group.rewards if not math.isnan(r)]
         self._raw.append(
-            (
+            RawGroup(
                 sum(scores) / len(scores) if scores else math.nan,
                 sum(group.format_acc) / g,
                 sum(group.ans_acc) / g,
                 sum(lengths) / g,
                 group.reward_timeouts,
                 group.reward_failed,
+                group.episode_failures,
             )
         )
 
@@ -514,19 +547,22 @@ class RolloutBuffer:
         )
 
 
-def _mean_raw(raw: list[tuple[float, float, float, float, int, int]]) -> dict[str, float]:
+def _mean_raw(raw: list[RawGroup]) -> dict[str, float]:
     """Means over the groups that arrived since the last batch (``reward`` over the groups with
-    a score); ``reward_timeouts`` and ``reward_failed`` (responses without a score) are sums."""
+    a score); ``reward_timeouts``, ``reward_failed`` (responses without a score) and
+    ``failed_episodes`` (episodes that failed before a score) are sums."""
     if not raw:
         return {}
     n = len(raw)
-    keys = ("reward", "format_acc", "ans_acc", "response_length")
-    means = {k: sum(r[i] for r in raw) / n for i, k in enumerate(keys)}
-    scored = [r[0] for r in raw if not math.isnan(r[0])]
-    if scored:
+    means = {
+        "format_acc": sum(r.format_acc for r in raw) / n,
+        "ans_acc": sum(r.ans_acc for r in raw) / n,
+        "response_length": sum(r.response_length for r in raw) / n,
+    }
+    scored = [r.reward for r in raw if not math.isnan(r.reward)]
+    if scored:  # no score arrived: no reward figure (a NaN would read as one)
         means["reward"] = sum(scored) / len(scored)
-    else:  # no score arrived: no reward figure (a NaN would read as one)
-        del means["reward"]
-    means["reward_timeouts"] = float(sum(r[4] for r in raw))
-    means["reward_failed"] = float(sum(r[5] for r in raw))
+    means["reward_timeouts"] = float(sum(r.reward_timeouts for r in raw))
+    means["reward_failed"] = float(sum(r.reward_failed for r in raw))
+    means["failed_episodes"] = float(sum(r.failed_episodes for r in raw))
     return means

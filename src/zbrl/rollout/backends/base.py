@@ -37,6 +37,20 @@ class SamplingParams:
     """Strings that end a completion."""
 
 
+def one_sample(temperature: float, max_new_tokens: int) -> SamplingParams:
+    """One completion per prompt from the whole distribution at ``temperature`` (0: greedy; no
+    top-p or top-k cut, no stop strings): what ``zbrl serve`` samples unless a request says
+    otherwise, and what the embedded default's probes sample."""
+    return SamplingParams(
+        n=1,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=max_new_tokens,
+        stop_strings=(),
+    )
+
+
 @dataclass
 class Completion:
     """One sampled response."""
