@@ -226,10 +226,55 @@ class VerifiersEnvironment(EndpointEnvironment):
     (the sample's ``messages``)."""
 
 
+class OpenEnvEnvironment(EnvironmentBase):
+    """An environment of the OpenEnv package (``pip install 'zbrl[openenv]'``,
+    docs/environments.md): zbrl serves the OpenEnv ``Environment`` class on loopback in a
+    subprocess of each producer (and of the evaluator), and each episode is one session of
+    OpenEnv's own client: reset with the sample's fields, every model turn an action, every
+    observation the next message, the observation's reward and ``done`` the turn's reward and
+    the episode's end."""
+
+    type: Literal["openenv"] = "openenv"
+    """Environment discriminator."""
+    server: str
+    """``package.module:EnvironmentClass``: an OpenEnv ``Environment`` subclass, written as
+    ``Environment[MyAction, MyObservation, MyState]`` (its action and observation classes are
+    taken from there) with ``SUPPORTS_CONCURRENT_SESSIONS = True``; zbrl serves it with
+    OpenEnv's ``create_fastapi_app`` (one session per running episode)."""
+    reset_fields: dict[str, str] = Field(default_factory=dict)
+    """Keyword argument of the environment's ``reset`` <- field of the sample (``gt_answer``,
+    or ``fields.NAME`` for a data field); e.g. ``{target: gt_answer}``."""
+    action_field: str = Field(default="message", min_length=1)
+    """The action's field that receives the model's turn (its text)."""
+    message_field: str = Field(default="message", min_length=1)
+    """The observation's field whose text is the next message to the model (when ``render``
+    is empty)."""
+    render: str = ""
+    """``package.module:function``, ``render(observation: dict) -> str``: the next message from
+    a step's observation (its fields, as the client receives them); empty: the observation's
+    ``message_field``."""
+    max_sessions: int = Field(default=256, ge=1)
+    """Sessions the server holds at once (OpenEnv's ``max_concurrent_envs``): at least the
+    episodes a producer runs at a time (its prompts per batch times ``rollout.group_size``)."""
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest wait for the server to answer after it is started."""
+    step_timeout_s: float = Field(default=60.0, gt=0)
+    """Longest wait for one reset or step; past it the episode fails (its group is dropped)."""
+    score_final_turn: bool = False
+    """Score the last model turn with the run's ``reward`` too (added to the environment's
+    rewards); False (the default here): the episode's reward is the environment's alone."""
+
+    @field_validator("server", "render")
+    @classmethod
+    def _import_paths(cls, value: str) -> str:
+        return value if value == "" else check_import_path(value)
+
+
 EnvironmentConfig = plugin_union(
-    ToolsEnvironment, AgentEnvironment, VerifiersEnvironment, UserEnvironment
+    ToolsEnvironment, AgentEnvironment, VerifiersEnvironment, OpenEnvEnvironment, UserEnvironment
 )
-"""The environment of multi-turn episodes: ``tools``, ``agent`` or ``package.module:Class``."""
+"""The environment of multi-turn episodes: ``tools``, ``agent``, ``verifiers``, ``openenv`` or
+``package.module:Class``."""
 
 
 def environment_shorthand(value: Any) -> Any:

@@ -30,8 +30,22 @@ class EnvTurn:
     """Events to count in the run's metrics as ``env/<name>`` (``tool_calls``, ``tool_errors``)."""
 
 
+class EpisodeFailure(Exception):
+    """Raised by an environment's ``start`` or ``step`` when the episode cannot go on through no
+    fault of the model (its server died, did not answer in time, answered garbage): the episode
+    fails and its group is dropped, never trained on a made-up score. Any other exception ends
+    the episode as it stands (``env/env_errors``)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        """The event counted as ``env/<kind>`` (with ``env/env_failures``)."""
+        self.detail = detail
+
+
 class Episode(Protocol):
-    """One episode's state."""
+    """One episode's state. An episode may also have ``close()``, which the runner calls once
+    when the episode has ended, however it ended (a limit, the environment, a failure)."""
 
     def step(self, model_text: str) -> EnvTurn:
         """The environment's answer to the model's turn (its decoded text)."""

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from zbrl.config.environments import CalculatorTool, PythonTool, ToolsEnvironment
+from zbrl.config.environments import (
+    CalculatorTool,
+    OpenEnvEnvironment,
+    PythonTool,
+    ToolsEnvironment,
+)
 from zbrl.environments.base import Environment
 from zbrl.environments.tool_env import ToolEnvironment, ToolSettings
 from zbrl.environments.tools import Calculator, SandboxedPython, Tool
@@ -13,7 +18,10 @@ from zbrl.registry import import_object
 
 
 def build_environment(cfg: Any) -> Environment:
-    """The environment of ``cfg`` (a ``ToolsEnvironment`` or ``UserEnvironment`` section)."""
+    """The environment of ``cfg`` (a ``ToolsEnvironment``, ``OpenEnvEnvironment`` or
+    ``UserEnvironment`` section)."""
+    if isinstance(cfg, OpenEnvEnvironment):
+        return build_openenv_environment(cfg)
     if isinstance(cfg, ToolsEnvironment):
         timeout = cfg.limits.tool_timeout_s
         tools = [build_tool(t, timeout) for t in cfg.tools]
@@ -43,6 +51,42 @@ def build_environment(cfg: Any) -> Environment:
             f"environment.type: {cfg.type} has no start(example) method (docs/environments.md)"
         )
     return env
+
+
+def build_openenv_environment(cfg: OpenEnvEnvironment) -> Environment:
+    """An OpenEnv environment (its server starts with its first episode): the server class
+    and ``render`` are imported here, so a bad path is a ConfigError naming its field before
+    anything starts."""
+    from zbrl.environments.openenv_env import OpenEnvEnvironment as OpenEnvProxy
+    from zbrl.environments.openenv_env import OpenEnvSettings
+    from zbrl.environments.openenv_serve import action_and_observation_classes
+
+    try:
+        import openenv.core  # noqa: F401  (the client, and what the server class subclasses)
+    except ImportError:
+        raise ConfigError(
+            "environment.type=openenv needs OpenEnv: pip install 'zbrl[openenv]'"
+        ) from None
+    env_cls = import_user_class(cfg.server, "environment.server")
+    try:
+        action_and_observation_classes(env_cls)
+    except ValueError as e:
+        raise ConfigError(f"environment.server: {cfg.server}: {e} (docs/environments.md)") from None
+    render = import_user_class(cfg.render, "environment.render") if cfg.render else None
+    if render is not None and not callable(render):
+        raise ConfigError(f"environment.render: {cfg.render} is not a function")
+    return OpenEnvProxy(
+        OpenEnvSettings(
+            server=cfg.server,
+            reset_fields=dict(cfg.reset_fields),
+            action_field=cfg.action_field,
+            message_field=cfg.message_field,
+            render=render,
+            max_sessions=cfg.max_sessions,
+            start_timeout_s=cfg.start_timeout_s,
+            step_timeout_s=cfg.step_timeout_s,
+        )
+    )
 
 
 def build_tool(cfg: Any, timeout_s: float) -> Tool:

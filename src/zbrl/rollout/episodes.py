@@ -19,7 +19,9 @@ its behaviour log-probs are the sampled ones there (0 on environment tokens, whi
 excludes). Limits: ``max_turns`` model turns, ``max_total_tokens`` after the prompt (a model turn
 is cut at the budget; an environment message that leaves no room ends the episode). Failures are
 counted events, never errors: an environment whose ``start`` or ``step`` raises ends its episode
-(``env_errors``).
+(``env_errors``); one that raises :class:`~zbrl.environments.base.EpisodeFailure` (its server
+died or timed out) fails it (``env_failures``), and the group of a failed episode is dropped.
+An episode with ``close()`` is closed once it has ended.
 
 Scoring (:meth:`EpisodeRunner.score`) is the same for the producer and the evaluator: the run's
 reward scores each episode's last model turn (one ``score_batch`` call per call of ``score``),
@@ -36,7 +38,13 @@ from typing import Any, Protocol
 
 import torch
 
-from zbrl.environments.base import Environment, EnvTurn, Episode, stop_strings_of
+from zbrl.environments.base import (
+    Environment,
+    EnvTurn,
+    Episode,
+    EpisodeFailure,
+    stop_strings_of,
+)
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rollout.backends.base import Completion, SamplingParams
 from zbrl.types import EncodedPrompt
@@ -135,9 +143,19 @@ class _Live:
     last_text: str = ""
     done: bool = False
     truncated: bool = False
+    failure: str | None = None
+    """Why the episode failed (:class:`~zbrl.environments.base.EpisodeFailure`); None: it did
+    not."""
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
+
+    def fail(self, failure: EpisodeFailure) -> None:
+        """The episode cannot go on: counted, ended, and its group dropped."""
+        self.count(failure.kind)
+        self.count("env_failures")
+        self.failure = str(failure)
+        self.done = True
 
 
 class EpisodeRunner:
@@ -181,8 +199,7 @@ class EpisodeRunner:
         if drive is not None:  # an agent drives its episodes; the calls are generated here
             return drive(generate, prompts, turn_params, version, self.limits)
         groups = [
-            [_Live(list(p.prompt_ids), self._start(p.example)) for _ in range(params.n)]
-            for p in prompts
+            [self._start(list(p.prompt_ids), p.example) for _ in range(params.n)] for p in prompts
         ]
         first = generate([p.prompt_ids for p in prompts], turn_params)
         self._turns(
@@ -268,12 +285,17 @@ class EpisodeRunner:
         for (s, ids), turn in zip(waiting, answers, strict=True):
             self._environment_turn(s, ids, turn)
 
-    def _start(self, example: dict[str, Any]) -> Episode | None:
+    def _start(self, prompt_ids: list[int], example: dict[str, Any]) -> _Live:
         try:
-            return self.environment.start(example)
+            return _Live(prompt_ids, self.environment.start(example))
+        except EpisodeFailure as e:  # generated once, then dropped with its group
+            logger.warning("environment.start failed: %s", e)
+            s = _Live(prompt_ids, None)
+            s.fail(e)
+            return s
         except Exception:
             logger.exception("environment.start failed; the episode ends after its first turn")
-            return None
+            return _Live(prompt_ids, None)
 
     def _model_turn(self, s: _Live, c: Completion, version: int) -> list[int] | None:
         """Append a model turn; its ids when the environment is to answer it, None when the
@@ -346,17 +368,29 @@ class EpisodeRunner:
         )
 
     def _step(self, s: _Live) -> EnvTurn:
+        if s.failure is not None:  # failed at its start: its first turn is its last
+            return EnvTurn(message=None)
         if s.episode is None:
             s.count("env_errors")
             return EnvTurn(message=None)
         try:
             return s.episode.step(s.last_text)
+        except EpisodeFailure as e:
+            logger.warning("environment step failed: %s", e)
+            s.fail(e)
+            return EnvTurn(message=None, info={"failure": str(e)})
         except Exception as e:  # a failing environment ends its episode, never the producer
             logger.warning("environment step failed: %s: %s", type(e).__name__, e)
             s.count("env_errors")
             return EnvTurn(message=None, info={"error": f"{type(e).__name__}: {e}"})
 
     def _completion(self, s: _Live) -> EpisodeCompletion:
+        close = getattr(s.episode, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as e:  # a session that will not close is the server's to reap
+                logger.warning("episode close failed: %s: %s", type(e).__name__, e)
         return EpisodeCompletion(
             token_ids=torch.tensor(s.ids, dtype=torch.long),
             logprobs=torch.tensor(s.logprobs, dtype=torch.float32),
@@ -368,6 +402,7 @@ class EpisodeRunner:
             turn_reward=s.reward,
             env_ans_acc=s.ans_acc,
             counts=s.counts,
+            failure=s.failure,
         )
 
 
