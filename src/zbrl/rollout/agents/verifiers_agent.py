@@ -17,6 +17,7 @@ variable (``api_key_var``): one variable per episode, set for the episode and re
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import secrets
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zbrl.errors import RunError
+from zbrl.rollout.agents.launch import AgentOutcome
 
 MODEL_NAME = "policy"
 """The model name the endpoint serves (``/v1/models``)."""
@@ -43,6 +45,23 @@ def taskset_id(taskset: str) -> str:
     return path.stem
 
 
+def importable_by_tool_servers(module: str) -> None:
+    """Put the directory ``module`` was imported from on ``PYTHONPATH`` (unless it is an
+    installed package's): verifiers runs a taskset's tool servers as processes of their own
+    (``python -m <module of the Toolset>``), which must import the module as this process did
+    (a taskset shipped next to the recipe, or one in the working directory)."""
+    spec = importlib.util.find_spec(module.split(".")[0])
+    if spec is None or spec.origin is None:
+        return
+    origin = Path(spec.origin)
+    root = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+    if root.name in ("site-packages", "dist-packages"):
+        return
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(root) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
+
+
 class VerifiersAgent:
     """``async run(client, example)`` playing one task of a verifiers environment."""
 
@@ -56,7 +75,10 @@ class VerifiersAgent:
                 "environment.type=verifiers needs the verifiers package: "
                 "pip install 'zbrl[verifiers]'"
             ) from None
+        from zbrl.rollout.agents.verifiers_harness import COUNTS
+
         self._vf = vf
+        self._counts = COUNTS
         taskset = taskset_id(taskset)
         agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}
         if harness:
@@ -83,6 +105,12 @@ class VerifiersAgent:
                 f"{', '.join(sorted(self.data_type.model_fields))})"
             )
         self.fields = dict(fields)
+        toolsets = [
+            *type(self.env.taskset).toolsets(self.env.taskset.config),
+            *task_type.toolsets(self.task_config),
+        ]
+        for toolset in toolsets:
+            importable_by_tool_servers(type(toolset).__module__)
         self._serving: AsyncExitStack | None = None
         self._lock: asyncio.Lock | None = None
 
@@ -94,9 +122,9 @@ class VerifiersAgent:
         data = {field: example[src] for field, src in self.fields.items()}
         return self.task_type(self.data_type(prompt=example["messages"], **data), self.task_config)
 
-    async def __call__(self, client: Any, example: dict[str, Any]) -> float:
+    async def __call__(self, client: Any, example: dict[str, Any]) -> AgentOutcome:
         """One episode: the task of ``example`` played through ``client``'s endpoint with its key;
-        the reward of the episode's trace."""
+        the reward of the episode's traces, and the harness's tool counts (``env/tool_*``)."""
         vf = self._vf
         await self._serve()
         key_var = f"ZBRL_EPISODE_KEY_{secrets.token_hex(8)}"
@@ -113,7 +141,10 @@ class VerifiersAgent:
             errors = [e for t in episode.traces for e in t.errors] + list(episode.errors)
             detail = "; ".join(f"{e.type}: {e.message}" for e in errors) or "not ok"
             raise RuntimeError(f"verifiers episode failed: {detail[:500]}")
-        return float(sum(t.reward for t in episode.traces))
+        metrics = [t.metrics for t in episode.traces]
+        counts = {name: int(sum(m.get(name) or 0 for m in metrics)) for name in self._counts}
+        reward = float(sum(t.reward for t in episode.traces))
+        return AgentOutcome(reward=reward, counts={k: n for k, n in counts.items() if n})
 
     async def _serve(self) -> None:
         """verifiers' serving resources (its interception server), brought up once on the
