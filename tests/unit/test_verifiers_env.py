@@ -127,3 +127,27 @@ def test_embedded_model_verifiers_episodes_are_the_generated_tokens(tiny_model_d
             assert c.given_reward in (0.0, 1.0)
             assert (prompt.prompt_ids, c.token_ids.tolist()) in calls  # exactly as generated
             assert c.loss_mask.all() and c.logprobs.lt(0).all()
+
+
+@needs_verifiers
+def test_dotted_module_ids_load_from_the_working_directory(tmp_path, monkeypatch):
+    """verifiers' own loader refuses a dotted module id; zbrl imports it (here a package in the
+    working directory, and zbrl's harness module by its dotted name) and the episode runs."""
+    package = tmp_path / "vfpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "addition.py").write_text(
+        "from vf_arith import ArithTaskset\n__all__ = ['ArithTaskset']\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    agent = verifiers_agent(
+        taskset="vfpkg.addition", harness="zbrl.rollout.agents.verifiers_harness"
+    )
+    assert type(agent.env.taskset).__name__ == "ArithTaskset"
+    backend = ScriptedBackend(sum_of)
+    prompts = [encoded("What is 12+30?", uid="a", gt="42")]
+    (group,) = agent_runner(agent).run(backend.generate, prompts, sampling_params(n=1))
+    assert [(c.failure, c.given_reward) for c in group] == [(None, 1.0)]
+    with pytest.raises(RunError, match=r"environment.taskset: cannot import 'vfpkg.nope' "):
+        verifiers_agent(taskset="vfpkg.nope")
+    asyncio.run(agent.aclose())

@@ -32,17 +32,41 @@ MODEL_NAME = "policy"
 """The model name the endpoint serves (``/v1/models``)."""
 
 
-def taskset_id(taskset: str) -> str:
-    """The verifiers taskset id of ``environment.taskset``: the id itself, or for a ``.py`` file
-    (a taskset module next to the recipe) its module name, its directory put on ``sys.path``."""
-    if not taskset.endswith(".py"):
-        return taskset
-    path = Path(taskset).resolve()
-    if not path.is_file():
-        raise RunError(f"environment.taskset: no file {taskset} (from {Path.cwd()})")
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    return path.stem
+def plugin_id(name: str, field: str) -> str:
+    """The id verifiers loads ``environment.<field>`` (a taskset, harness or env module) by.
+
+    verifiers 0.4 imports a plugin by a top-level module name: its loader first looks the name up
+    in its own package (``importlib.util.find_spec("verifiers.v1.tasksets." + name)``), which
+    raises for a dotted name, whose parent is no package of verifiers. So zbrl imports a dotted
+    module itself and hands verifiers a top-level alias of it in ``sys.modules``
+    (``zbrl_vf_<the name with _ for .>``; the module keeps its own name). A ``.py`` file names a
+    module by its file (its directory put on ``sys.path``). The working directory is on
+    ``sys.path`` for every form; hub ids (``owner/name@version``) are verifiers' own."""
+    if not name:
+        return name
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    if name.endswith(".py"):
+        path = Path(name).resolve()
+        if not path.is_file():
+            raise RunError(f"environment.{field}: no file {name} (from {cwd})")
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        return path.stem
+    if "." not in name or "/" in name or "@" in name:
+        return name
+    try:
+        module = importlib.import_module(name)
+    except Exception as e:
+        raise RunError(
+            f"environment.{field}: cannot import {name!r} ({type(e).__name__}: {e}); give an "
+            f"installed module, one importable from the working directory ({cwd}), or the "
+            "module's .py file"
+        ) from None
+    alias = "zbrl_vf_" + name.replace(".", "_").lower()
+    sys.modules[alias] = module
+    return alias
 
 
 def importable_by_tool_servers(module: str) -> None:
@@ -79,15 +103,16 @@ class VerifiersAgent:
 
         self._vf = vf
         self._counts = COUNTS
-        taskset = taskset_id(taskset)
         agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}
         if harness:
-            agent["harness"] = {"id": harness}
+            agent["harness"] = {"id": plugin_id(harness, "harness")}
+        config = {
+            "id": plugin_id(env, "env"),
+            "taskset": {"id": plugin_id(taskset, "taskset"), **args},
+            "agent": agent,
+        }
         try:
-            config = vf.resolve_env_config(
-                {"id": env, "taskset": {"id": taskset, **args}, "agent": agent}
-            )
-            self.env = vf.load_environment(config)
+            self.env = vf.load_environment(vf.resolve_env_config(config))
         except Exception as e:  # verifiers' own message says what is wrong
             raise RunError(
                 f"environment: cannot load the verifiers environment of taskset {taskset!r} "
