@@ -11,7 +11,11 @@ episode verifiers reports as failed (``episode.ok`` false) is an agent crash: co
 group dropped.
 
 The episode's key reaches verifiers' client the way verifiers reads keys, from an environment
-variable (``api_key_var``): one variable per episode, set for the episode and removed after.
+variable (``api_key_var``): one variable per episode (:data:`KEY_VAR_PREFIX` and a random
+suffix), set for the episode and removed after, even when the episode fails or is cancelled.
+Concurrent episodes name different variables, so each client reads its own episode's key; and
+the name contains ``API_KEY``, which verifiers' subprocess runtime keeps out of the processes it
+starts (tool servers, program harnesses), so no process sees another episode's key.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from typing import Any
 
 from zbrl.errors import RunError
 from zbrl.rollout.agents.launch import AgentOutcome
+
+KEY_VAR_PREFIX = "ZBRL_EPISODE_API_KEY_"
+"""The episode key variables' names (see the module docstring)."""
 
 MODEL_NAME = "policy"
 """The model name the endpoint serves (``/v1/models``)."""
@@ -152,7 +159,7 @@ class VerifiersAgent:
         the reward of the episode's traces, and the harness's tool counts (``env/tool_*``)."""
         vf = self._vf
         await self._serve()
-        key_var = f"ZBRL_EPISODE_KEY_{secrets.token_hex(8)}"
+        key_var = KEY_VAR_PREFIX + secrets.token_hex(8)
         os.environ[key_var] = client.api_key
         try:
             ctx = vf.ModelContext(
