@@ -50,24 +50,30 @@ def call(name, arguments):
 
 def calculator_script(context, sample):
     """Adds with the calculator, then answers with its result; on a question whose first operand
-    is 7, first divides by zero (a tool error) and calls a tool that does not exist."""
+    is 7, first divides by zero (a tool error), calls a tool that does not exist and waits past
+    the tool deadline."""
     turns = context.split("<|user|>")
     a, b = (int(x) for x in turns[1].split("What is ")[1].split("?")[0].split("+"))
     results = [t.split("<|end|>")[0] for t in turns[2:]]
     plan = [call("add", {"a": a, "b": b})]
     if a == 7:
-        plan = [call("divide", {"a": a, "b": 0}), call("multiply", {"a": a, "b": b}), *plan]
+        plan = [
+            call("divide", {"a": a, "b": 0}),
+            call("multiply", {"a": a, "b": b}),
+            call("wait", {"seconds": 60}),
+            *plan,
+        ]
     if len(results) < len(plan):
         return plan[len(results)]
     return f"<answer>{results[-1]}</answer>"
 
 
 def tools_runner(tokenizer):
-    agent = build_agent(VerifiersEnvironment(taskset="vf_calc"))
+    agent = build_agent(VerifiersEnvironment(taskset="vf_calc", limits={"tool_timeout_s": 1.0}))
     endpoint = Endpoint(Renderer(tokenizer, {EOS}), replace(SETTINGS, batch_window_s=10.0), "p")
     env = AgentEnvironment(endpoint, AgentLauncher(agent, None, 120.0))
     formatter = TurnFormatter(tokenizer, "user", eos_ids={EOS})
-    return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(6, 1000))
+    return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(6, 1200))
 
 
 def test_a_tool_taskset_runs_multi_turn_episodes_on_the_endpoint_tokens():
@@ -80,15 +86,17 @@ def test_a_tool_taskset_runs_multi_turn_episodes_on_the_endpoint_tokens():
     assert [c.given_reward for (c,) in groups] == [1.0, 1.0], [c.failure for (c,) in groups]
     (one,), (three,) = groups
     assert [t["role"] for t in one.turns] == ["model", "env", "model"]
-    assert [t["role"] for t in three.turns] == ["model", "env"] * 3 + ["model"]
+    assert [t["role"] for t in three.turns] == ["model", "env"] * 4 + ["model"]
     env_texts = [t["text"] for t in three.turns if t["role"] == "env"]
     assert "division by zero" in env_texts[0]
-    assert "unknown tool 'multiply' (tools: add, divide)" in env_texts[1]
-    assert env_texts[2] == "<|user|>15<|end|><|assistant|>"
+    assert "unknown tool 'multiply' (tools: add, divide, wait)" in env_texts[1]
+    assert "timed out after 1.0 s" in env_texts[2]  # environment.limits.tool_timeout_s
+    assert env_texts[3] == "<|user|>15<|end|><|assistant|>"
     assert one.counts["tool_calls"] == 1 and "tool_errors" not in one.counts
-    assert (three.counts["tool_calls"], three.counts["tool_errors"]) == (3, 2)
-    assert (three.counts["tool_failures"], three.counts["unknown_tools"]) == (1, 1)
-    assert three.counts["turns"] == 4
+    assert (three.counts["tool_calls"], three.counts["tool_errors"]) == (4, 3)
+    failures = {k: three.counts[k] for k in ("tool_failures", "unknown_tools", "tool_timeouts")}
+    assert failures == {"tool_failures": 1, "unknown_tools": 1, "tool_timeouts": 1}
+    assert three.counts["turns"] == 5
     for prompt, (c,) in zip(prompts, groups, strict=True):
         assert c.failure is None and c.prompt_ids == prompt.prompt_ids
         full = c.prompt_ids + c.token_ids.tolist()

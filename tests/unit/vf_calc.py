@@ -6,6 +6,7 @@
 verifiers starts the tool server as a process of its own (``python -m vf_calc``), hence the
 ``__main__`` block."""
 
+import asyncio
 import re
 
 import verifiers.v1 as vf
@@ -14,7 +15,7 @@ from zbrl.rollout.agents.verifiers_harness import ChatHarness
 
 
 class Calculator(vf.Toolset[vf.SharedToolsetConfig, vf.State]):
-    TOOL_PREFIX = None  # the tools are called by their own names: add, divide
+    TOOL_PREFIX = None  # the tools are called by their own names: add, divide, wait
 
     @vf.tool
     async def add(self, a: int, b: int) -> int:
@@ -25,6 +26,12 @@ class Calculator(vf.Toolset[vf.SharedToolsetConfig, vf.State]):
     async def divide(self, a: int, b: int) -> float:
         """a / b (fails on b = 0)."""
         return a / b
+
+    @vf.tool
+    async def wait(self, seconds: float) -> str:
+        """Waits, then says so (past the harness's tool deadline: a timeout)."""
+        await asyncio.sleep(seconds)
+        return "waited"
 
 
 class CalcData(vf.TaskData):

@@ -94,10 +94,19 @@ def importable_by_tool_servers(module: str) -> None:
 
 
 class VerifiersAgent:
-    """``async run(client, example)`` playing one task of a verifiers environment."""
+    """``async run(client, example)`` playing one task of a verifiers environment: ``taskset``,
+    ``env`` and ``harness`` as :func:`plugin_id` reads them (``harness`` empty: the taskset's
+    own), ``args`` its taskset config, ``fields`` the task data fields from the sample's, and
+    ``tool_timeout_s`` the harness's deadline per tool call (its ``tool_timeout``)."""
 
     def __init__(
-        self, taskset: str, args: dict[str, Any], env: str, harness: str, fields: dict[str, str]
+        self,
+        taskset: str,
+        args: dict[str, Any],
+        env: str,
+        harness: str,
+        fields: dict[str, str],
+        tool_timeout_s: float,
     ) -> None:
         try:
             import verifiers.v1 as vf
@@ -110,15 +119,19 @@ class VerifiersAgent:
 
         self._vf = vf
         self._counts = COUNTS
-        agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}
-        if harness:
-            agent["harness"] = {"id": plugin_id(harness, "harness")}
-        config = {
-            "id": plugin_id(env, "env"),
-            "taskset": {"id": plugin_id(taskset, "taskset"), **args},
-            "agent": agent,
-        }
+        taskset_id = plugin_id(taskset, "taskset")
+        harness_id = plugin_id(harness, "harness")
+        env_id = plugin_id(env, "env")
         try:
+            harness_config = {
+                "id": harness_id or vf.default_harness_id(taskset_id),
+                "tool_timeout": tool_timeout_s,
+            }
+            config = {
+                "id": env_id,
+                "taskset": {"id": taskset_id, **args},
+                "agent": {"runtime": {"type": "subprocess"}, "harness": harness_config},
+            }
             self.env = vf.load_environment(vf.resolve_env_config(config))
         except Exception as e:  # verifiers' own message says what is wrong
             raise RunError(
