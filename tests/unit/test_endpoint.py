@@ -138,6 +138,20 @@ def test_unknown_key_limits_and_tool_calls(served):
     assert tokens.ids == tokens.ids[: tokens.prompt_len] + tokens.calls[0]["completion_ids"]
 
 
+def test_the_episode_header_names_the_episode_over_the_bearer_key(served):
+    endpoint, _ = served
+    key = endpoint.open_episode(EpisodeBudget(max_calls=4, max_total_tokens=200))
+    api = openai.OpenAI(
+        base_url=endpoint.base_url,
+        api_key="EMPTY",
+        max_retries=0,
+        default_headers={"X-Zbrl-Episode": key},
+    )
+    reply = api.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1"}])
+    assert reply.choices[0].message.content == "<calc>1</calc>"
+    assert len(endpoint.close_episode(key).calls) == 1
+
+
 def test_hermes_tool_calls_come_back_as_openai_tool_calls():
     from zbrl.rollout.endpoint.openai_api import assistant_message, chat_response
 

@@ -8,8 +8,6 @@ on the 2-core machine."""
 
 import asyncio
 import os
-import sys
-import time
 
 import pytest
 from episode_stubs import EOS, TOKENIZER, ScriptedBackend, encoded
@@ -19,7 +17,7 @@ from test_agent_episodes import LastNumber, agent_runner
 from zbrl.config.environments import VerifiersEnvironment
 from zbrl.errors import RunError
 from zbrl.rollout.agents.build import build_agent
-from zbrl.rollout.agents.verifiers_agent import KEY_VAR_PREFIX
+from zbrl.rollout.endpoint.server import Endpoint
 
 pytest.importorskip("verifiers")
 needs_verifiers = pytest.mark.slow
@@ -27,10 +25,6 @@ needs_verifiers = pytest.mark.slow
 
 def verifiers_agent(**overrides):
     return build_agent(VerifiersEnvironment(**{"taskset": "vf_arith", **overrides}))
-
-
-def episode_key_vars():
-    return {k: v for k, v in os.environ.items() if k.startswith(KEY_VAR_PREFIX)}
 
 
 def sum_of(context, sample):
@@ -73,7 +67,6 @@ def test_a_failed_verifiers_episode_is_counted_and_never_scored():
     assert all(c.failure.startswith("agent_crashes") for c in group), [c.failure for c in group]
     assert all("the grader is broken" in c.failure for c in group)
     assert all(c.counts["agent_crashes"] == 1 for c in group)
-    assert episode_key_vars() == {}  # removed after a failed episode too
     ((_, results),) = runner.score(LastNumber(), [prompt[0].example], [group])
     assert [r.reward for r in results] == [0.0, 0.0]
 
@@ -162,53 +155,45 @@ def test_dotted_module_ids_load_from_the_working_directory(tmp_path, monkeypatch
     asyncio.run(agent.aclose())
 
 
-SEEN_BY_A_PROCESS = (
-    "import os; print(sorted(k for k in os.environ if k.startswith('ZBRL_EPISODE')))"
-)
-
-
 @needs_verifiers
-def test_each_concurrent_episode_has_its_own_key_and_no_process_sees_one():
-    from verifiers.v1.runtimes import SubprocessConfig, provision_runtime
+def test_concurrent_episodes_are_named_by_their_own_keys_and_leave_nothing_behind(monkeypatch):
+    """Each episode's requests reach the endpoint under its own key (the X-Zbrl-Episode header
+    the harness sends), no key is ever in the process's environment, and verifiers' one client
+    serves every episode: a second round of episodes opens no more files (sockets)."""
+    opened, asked = [], []
+    open_episode, handle = Endpoint.open_episode, Endpoint.handle
 
-    async def seen_by_a_process():
-        async with provision_runtime(SubprocessConfig()) as runtime:
-            result = await runtime.run([sys.executable, "-c", SEEN_BY_A_PROCESS], {})
-        return result.stdout.strip()
+    def recording_open(self, budget):
+        opened.append(open_episode(self, budget))
+        return opened[-1]
 
+    def recording_handle(self, path, key, body):
+        asked.append((key, body["messages"][-1]["content"]))
+        return handle(self, path, key, body)
+
+    monkeypatch.setattr(Endpoint, "open_episode", recording_open)
+    monkeypatch.setattr(Endpoint, "handle", recording_handle)
     backend = ScriptedBackend(sum_of)
-    seen = []  # per backend batch: the key variables set, and those a verifiers process sees
+    in_environment = []
 
     def generate(contexts, params):
-        seen.append((episode_key_vars(), asyncio.run(seen_by_a_process())))
+        in_environment.append([k for k in os.environ.values() if k in opened])
         return backend.generate(contexts, params)
 
     runner = agent_runner(verifiers_agent())
-    prompts = [encoded(f"What is {i}+5?", uid=str(i), gt=str(i + 5)) for i in range(4)]
-    groups = runner.run(generate, prompts, sampling_params(n=2, max_new_tokens=20))
-    # every episode was its own conversation on the endpoint (a request with another episode's
-    # key would have been refused as a changed history) and scored right
-    for prompt, group in zip(prompts, groups, strict=True):
-        for c in group:
-            assert c.failure is None and c.prompt_ids == prompt.prompt_ids
-            assert c.given_reward == 1.0 and c.counts["turns"] == 1
-            assert "prefix_mismatches" not in c.counts
-    # the 8 concurrent calls came in one batch, while 8 variables held 8 different keys, which
-    # a process that verifiers starts (a tool server, a program harness) does not inherit
-    ((variables, in_process),) = seen
-    assert len(variables) == 8 and len(set(variables.values())) == 8
-    assert in_process == "[]"
-    assert episode_key_vars() == {}
-
-
-@needs_verifiers
-def test_the_key_variable_is_removed_when_an_episode_times_out():
-    def slow(context, sample):
-        time.sleep(2.0)
-        return "<answer>1</answer>"
-
-    runner = agent_runner(verifiers_agent(), timeout_s=0.5)
-    prompt = [encoded("What is 2+3?", gt="5")]
-    (group,) = runner.run(ScriptedBackend(slow).generate, prompt, sampling_params(n=1))
-    assert [c.failure.split(":")[0] for c in group] == ["agent_timeouts"]
-    assert episode_key_vars() == {}
+    files = []
+    for _ in range(2):
+        prompts = [encoded(f"What is {i}+5?", uid=str(i), gt=str(i + 5)) for i in range(4)]
+        groups = runner.run(generate, prompts, sampling_params(n=2, max_new_tokens=20))
+        for prompt, group in zip(prompts, groups, strict=True):
+            for c in group:
+                assert c.failure is None and c.prompt_ids == prompt.prompt_ids
+                assert c.given_reward == 1.0 and c.counts["turns"] == 1
+        files.append(len(os.listdir("/proc/self/fd")))
+    # 16 episodes, one request each, each under its own key, asking its own question
+    assert sorted(key for key, _ in asked) == sorted(opened) and len(set(opened)) == 16
+    for i, key in enumerate(opened):
+        assert dict(asked)[key] == f"What is {i % 8 // 2}+5?"
+    assert in_environment == [[], []]  # two batches of 8 concurrent calls; no key in os.environ
+    # a client (and a connection) per episode would add 2 open files per episode: 16 here
+    assert files[1] - files[0] < 8, files

@@ -20,6 +20,10 @@ history. Tool failures (malformed arguments, an unknown tool, a tool error or ti
 
 A taskset uses it by exporting it next to its ``Taskset`` in ``__all__`` (verifiers then takes it
 as the taskset's bundled harness), or a run names a harness module with ``environment.harness``.
+
+In a zbrl run every model request names its episode with the ``X-Zbrl-Episode`` header
+(:func:`episode_headers`), which verifiers forwards to the endpoint: verifiers' own client
+carries one key for all episodes (see :mod:`zbrl.rollout.agents.verifiers_agent`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,27 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import AsyncExitStack
+from contextvars import ContextVar
 from typing import Any
 
 import verifiers.v1 as vf
 from pydantic import Field
 
+from zbrl.rollout.endpoint.openai_api import EPISODE_HEADER
+
 __all__ = ["ChatHarness", "ChatHarnessConfig"]
+
+EPISODE_KEY: ContextVar[str | None] = ContextVar("zbrl_episode_key", default=None)
+"""The key of the zbrl episode the running task plays (set by zbrl's verifiers agent around
+``Env.run_episode``; every episode runs in a task of its own, so each sees only its own)."""
+
+
+def episode_headers() -> dict[str, str]:
+    """The header naming the running task's zbrl episode (none outside a zbrl run): an
+    in-process harness sends it with every model request."""
+    key = EPISODE_KEY.get()
+    return {EPISODE_HEADER: key} if key else {}
+
 
 COUNTS = (
     "tool_calls",
@@ -78,7 +97,12 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
         async with AsyncExitStack() as stack:
             tools = await Tools.connect(mcp_urls, self.config.tool_timeout, stack)
             client = await stack.enter_async_context(
-                openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+                openai.AsyncOpenAI(
+                    base_url=endpoint,
+                    api_key=secret,
+                    max_retries=0,
+                    default_headers=episode_headers(),
+                )
             )
             for _ in range(self.config.max_turns):
                 kwargs = {"tools": tools.schemas} if tools.schemas else {}

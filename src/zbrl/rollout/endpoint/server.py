@@ -2,9 +2,10 @@
 over the Python standard library's threading HTTP server (one thread per connection; no
 streaming), on loopback unless configured otherwise.
 
-Which episode a request belongs to is its API key (``Authorization: Bearer <key>``): the episode
-runner opens an episode with :meth:`Endpoint.open_episode` and hands its key to the agent (every
-OpenAI client sends its key with every request). A request with an unknown key is refused (401).
+Which episode a request belongs to is its API key (``Authorization: Bearer <key>``, or the
+``X-Zbrl-Episode`` header, which wins): the episode runner opens an episode with
+:meth:`Endpoint.open_episode` and hands its key to the agent (every OpenAI client sends its key
+with every request). A request with an unknown key is refused (401).
 An endpoint made with ``serve_params`` (``zbrl serve``) instead answers any key, each request a
 conversation of its own, and records nothing.
 
@@ -269,7 +270,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             auth = self.headers.get("Authorization") or ""
-            key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            bearer = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            key = self.headers.get(api.EPISODE_HEADER) or bearer
             self._send(key, *self._answer(key, raw))
 
         def _answer(self, key: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
