@@ -173,7 +173,9 @@ class Endpoint:
             episode = self._episodes.get(key or "")
         if episode is None and self.serve_params is None:
             raise api.RequestError(
-                "unknown API key: every request must carry the key of an open episode",
+                "unknown API key: every request must carry the key of an open episode "
+                f"(Authorization: Bearer <key>, or the {api.EPISODE_HEADER} header, which a "
+                "verifiers harness sends: zbrl.rollout.agents.verifiers_harness.episode_headers)",
                 status=401,
                 code="invalid_api_key",
             )
