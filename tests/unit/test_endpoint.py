@@ -2,7 +2,13 @@
 policy; every call's tokens are recorded per episode, token-exact, and a request that rewrites the
 episode's history is refused and counted."""
 
+import json
+import logging
+import socket
+import struct
 import threading
+import time
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -132,6 +138,20 @@ def test_unknown_key_limits_and_tool_calls(served):
     assert tokens.ids == tokens.ids[: tokens.prompt_len] + tokens.calls[0]["completion_ids"]
 
 
+def test_the_episode_header_names_the_episode_over_the_bearer_key(served):
+    endpoint, _ = served
+    key = endpoint.open_episode(EpisodeBudget(max_calls=4, max_total_tokens=200))
+    api = openai.OpenAI(
+        base_url=endpoint.base_url,
+        api_key="EMPTY",
+        max_retries=0,
+        default_headers={"X-Zbrl-Episode": key},
+    )
+    reply = api.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1"}])
+    assert reply.choices[0].message.content == "<calc>1</calc>"
+    assert len(endpoint.close_episode(key).calls) == 1
+
+
 def test_hermes_tool_calls_come_back_as_openai_tool_calls():
     from zbrl.rollout.endpoint.openai_api import assistant_message, chat_response
 
@@ -162,3 +182,50 @@ def test_completions_continue_the_episode_text(served):
     assert tokens.ids == backend.generated[1][0] + backend.generated[1][1]
     with pytest.raises(openai.AuthenticationError):
         api.completions.create(model="policy", prompt=prompt)  # the episode is closed
+
+
+def test_a_request_its_client_abandons_is_counted_and_logged_in_one_line(caplog, capfd):
+    """The client sends a request and closes its socket (with a reset) before the answer: the
+    endpoint counts it on the episode and logs one line, no traceback."""
+
+    def slow(context, sample):
+        time.sleep(0.3)  # the client is gone by the time the answer is written
+        return "<answer>1</answer>"
+
+    backend = ScriptedBackend(slow)
+    endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
+    endpoint.episode_params = sampling_params(n=1, temperature=1.0, max_new_tokens=40)
+    url = urlsplit(endpoint.start())
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=serve_calls, args=(endpoint.queue, backend.generate, 0, stop), daemon=True
+    )
+    thread.start()
+    key = endpoint.open_episode(EpisodeBudget(max_calls=4, max_total_tokens=200))
+    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "1"}]})
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    )
+    caplog.set_level(logging.WARNING, logger="zbrl.rollout.endpoint.server")
+    try:
+        with socket.create_connection((url.hostname, url.port)) as sock:
+            sock.sendall(request.encode())
+            while not backend.contexts:  # the request is being answered
+                time.sleep(0.01)
+            # close with a reset (linger 0): the endpoint's write fails at once
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        deadline = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join()
+        endpoint.stop()
+    tokens = endpoint.close_episode(key)
+    assert tokens.counts == {"abandoned_requests": 1}
+    assert len(tokens.calls) == 1  # what the call generated stays in the episode
+    (record,) = caplog.records
+    assert "closed its connection before the answer" in record.getMessage()
+    assert record.exc_info is None
+    assert "Traceback" not in capfd.readouterr().err

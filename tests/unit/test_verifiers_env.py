@@ -7,6 +7,7 @@ The tests that load the environment are in the slow tier: importing verifiers al
 on the 2-core machine."""
 
 import asyncio
+import os
 
 import pytest
 from episode_stubs import EOS, TOKENIZER, ScriptedBackend, encoded
@@ -16,6 +17,7 @@ from test_agent_episodes import LastNumber, agent_runner
 from zbrl.config.environments import VerifiersEnvironment
 from zbrl.errors import RunError
 from zbrl.rollout.agents.build import build_agent
+from zbrl.rollout.endpoint.server import Endpoint
 
 pytest.importorskip("verifiers")
 needs_verifiers = pytest.mark.slow
@@ -127,3 +129,71 @@ def test_embedded_model_verifiers_episodes_are_the_generated_tokens(tiny_model_d
             assert c.given_reward in (0.0, 1.0)
             assert (prompt.prompt_ids, c.token_ids.tolist()) in calls  # exactly as generated
             assert c.loss_mask.all() and c.logprobs.lt(0).all()
+
+
+@needs_verifiers
+def test_dotted_module_ids_load_from_the_working_directory(tmp_path, monkeypatch):
+    """verifiers' own loader refuses a dotted module id; zbrl imports it (here a package in the
+    working directory, and zbrl's harness module by its dotted name) and the episode runs."""
+    package = tmp_path / "vfpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "addition.py").write_text(
+        "from vf_arith import ArithTaskset\n__all__ = ['ArithTaskset']\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    agent = verifiers_agent(
+        taskset="vfpkg.addition", harness="zbrl.rollout.agents.verifiers_harness"
+    )
+    assert type(agent.env.taskset).__name__ == "ArithTaskset"
+    backend = ScriptedBackend(sum_of)
+    prompts = [encoded("What is 12+30?", uid="a", gt="42")]
+    (group,) = agent_runner(agent).run(backend.generate, prompts, sampling_params(n=1))
+    assert [(c.failure, c.given_reward) for c in group] == [(None, 1.0)]
+    with pytest.raises(RunError, match=r"environment.taskset: cannot import 'vfpkg.nope' "):
+        verifiers_agent(taskset="vfpkg.nope")
+    asyncio.run(agent.aclose())
+
+
+@needs_verifiers
+def test_concurrent_episodes_are_named_by_their_own_keys_and_leave_nothing_behind(monkeypatch):
+    """Each episode's requests reach the endpoint under its own key (the X-Zbrl-Episode header
+    the harness sends), no key is ever in the process's environment, and verifiers' one client
+    serves every episode: a second round of episodes opens no more files (sockets)."""
+    opened, asked = [], []
+    open_episode, handle = Endpoint.open_episode, Endpoint.handle
+
+    def recording_open(self, budget):
+        opened.append(open_episode(self, budget))
+        return opened[-1]
+
+    def recording_handle(self, path, key, body):
+        asked.append((key, body["messages"][-1]["content"]))
+        return handle(self, path, key, body)
+
+    monkeypatch.setattr(Endpoint, "open_episode", recording_open)
+    monkeypatch.setattr(Endpoint, "handle", recording_handle)
+    backend = ScriptedBackend(sum_of)
+    in_environment = []
+
+    def generate(contexts, params):
+        in_environment.append([k for k in os.environ.values() if k in opened])
+        return backend.generate(contexts, params)
+
+    runner = agent_runner(verifiers_agent())
+    files = []
+    for _ in range(2):
+        prompts = [encoded(f"What is {i}+5?", uid=str(i), gt=str(i + 5)) for i in range(4)]
+        groups = runner.run(generate, prompts, sampling_params(n=2, max_new_tokens=20))
+        for prompt, group in zip(prompts, groups, strict=True):
+            for c in group:
+                assert c.failure is None and c.prompt_ids == prompt.prompt_ids
+                assert c.given_reward == 1.0 and c.counts["turns"] == 1
+        files.append(len(os.listdir("/proc/self/fd")))
+    # 16 episodes, one request each, each under its own key, asking its own question
+    assert sorted(key for key, _ in asked) == sorted(opened) and len(set(opened)) == 16
+    for i, key in enumerate(opened):
+        assert dict(asked)[key] == f"What is {i % 8 // 2}+5?"
+    assert in_environment == [[], []]  # two batches of 8 concurrent calls; no key in os.environ
+    # a client (and a connection) per episode would add 2 open files per episode: 16 here
+    assert files[1] - files[0] < 8, files

@@ -209,18 +209,18 @@ class VerifiersEnvironment(EndpointEnvironment):
     type: Literal["verifiers"] = "verifiers"
     """Environment discriminator."""
     taskset: str = Field(min_length=1)
-    """The verifiers taskset id: an installed (or working-directory) top-level module exporting
-    its ``Taskset`` subclass in ``__all__``, loaded by verifiers as it loads a taskset by id; or
-    a ``.py`` file of such a module (e.g. next to the recipe), relative to the working
-    directory."""
+    """The verifiers taskset: a module exporting its ``Taskset`` subclass in ``__all__``, by its
+    name (installed or importable from the working directory; dotted names too) or by its
+    ``.py`` file (e.g. next to the recipe, relative to the working directory)."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Fields of the taskset's config (verifiers' ``TasksetConfig`` subclass)."""
     env: str = ""
     """The verifiers ``Env`` id; empty: the taskset's own, else verifiers' single-agent env."""
     harness: str = ""
-    """The verifiers harness id that plays the policy; empty: the one the taskset bundles. It
-    must call the model in process (``zbrl.rollout.agents.verifiers_harness.ChatHarness``):
-    verifiers' program harnesses install their dependencies with ``uv`` and stream."""
+    """The verifiers harness module (named as ``taskset`` is) that plays the policy; empty: the
+    one the taskset bundles. It must call the model in process
+    (``zbrl.rollout.agents.verifiers_harness.ChatHarness``): verifiers' program harnesses
+    install their dependencies with ``uv`` and stream."""
     fields: dict[str, str] = Field(default_factory=lambda: {"answer": "gt_answer"})
     """Task data field <- dataset field: what each sample's task carries besides its prompt
     (the sample's ``messages``)."""

@@ -45,7 +45,9 @@ def build_agent(cfg: EndpointEnvironment) -> Any:
     if isinstance(cfg, VerifiersEnvironment):
         from zbrl.rollout.agents.verifiers_agent import VerifiersAgent
 
-        return VerifiersAgent(cfg.taskset, cfg.args, cfg.env, cfg.harness, cfg.fields)
+        return VerifiersAgent(
+            cfg.taskset, cfg.args, cfg.env, cfg.harness, cfg.fields, cfg.limits.tool_timeout_s
+        )
     assert isinstance(cfg, AgentConfig)
     run = None
     if cfg.run is not None:

@@ -99,6 +99,8 @@ def _completion(
     start = len(shared)
     ids = t.ids[start:]
     counts = dict(t.counts)
+    for name, n in outcome.counts.items():
+        counts[name] = counts.get(name, 0) + n
     counts["turns"] = len(t.calls)
     failure = outcome.failure
     if failure is None and not t.calls:

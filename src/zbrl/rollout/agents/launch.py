@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -22,16 +22,22 @@ logger = logging.getLogger(__name__)
 class AgentOutcome:
     """How an episode's agent ended: ``reward`` (it returned a number), ``answer`` (it returned
     a string, for the run's reward to score) or ``failure`` (``agent_timeouts``,
-    ``agent_crashes`` or ``agent_malformed``, with ``detail``)."""
+    ``agent_crashes`` or ``agent_malformed``, with ``detail``). ``counts``: events the agent
+    itself counted (the verifiers harness's tool calls and failures), reported as ``env/<name>``.
+    """
 
     reward: float | None = None
     answer: str | None = None
     failure: str | None = None
     detail: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def outcome_of(value: Any) -> AgentOutcome:
-    """What an agent returned, read as an outcome (bool is no number here)."""
+    """What an agent returned, read as an outcome (bool is no number here; zbrl's own agents,
+    such as the verifiers one, return an outcome)."""
+    if isinstance(value, AgentOutcome):
+        return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value != value or value in (float("inf"), float("-inf")):
             return AgentOutcome(failure="agent_malformed", detail=f"reward {value}")

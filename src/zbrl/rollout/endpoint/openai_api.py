@@ -12,6 +12,11 @@ from typing import Any
 
 from zbrl.environments.tool_calls import HERMES_CLOSE, HERMES_OPEN, ToolCall, parse_hermes
 
+EPISODE_HEADER = "X-Zbrl-Episode"
+"""A request header naming its episode by key, for a client whose ``Authorization`` cannot carry
+the episode's key (verifiers' client: one per endpoint, its key fixed); it wins over the bearer
+key."""
+
 
 class RequestError(ValueError):
     """A request the endpoint refuses; ``status`` is its HTTP status, ``code`` the error code."""

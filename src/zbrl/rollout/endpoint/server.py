@@ -2,9 +2,10 @@
 over the Python standard library's threading HTTP server (one thread per connection; no
 streaming), on loopback unless configured otherwise.
 
-Which episode a request belongs to is its API key (``Authorization: Bearer <key>``): the episode
-runner opens an episode with :meth:`Endpoint.open_episode` and hands its key to the agent (every
-OpenAI client sends its key with every request). A request with an unknown key is refused (401).
+Which episode a request belongs to is its API key (``Authorization: Bearer <key>``, or the
+``X-Zbrl-Episode`` header, which wins): the episode runner opens an episode with
+:meth:`Endpoint.open_episode` and hands its key to the agent (every OpenAI client sends its key
+with every request). A request with an unknown key is refused (401).
 An endpoint made with ``serve_params`` (``zbrl serve``) instead answers any key, each request a
 conversation of its own, and records nothing.
 
@@ -150,12 +151,31 @@ class Endpoint:
         finally:
             tokens.lock.release()
 
+    def abandoned(self, key: str | None, path: str, error: OSError) -> None:
+        """A client closed its connection before its answer was written (an agent that gave up
+        on a request, or was stopped): counted on its episode (``env/abandoned_requests``) and
+        logged in one line. What the call generated stays in the episode."""
+        with self._lock:
+            episode = self._episodes.get(key or "")
+        if episode is not None:
+            with episode.tokens.lock:
+                episode.tokens.count("abandoned_requests")
+        logger.warning(
+            "endpoint: the client of a %s request closed its connection before the answer "
+            "(%s%s); counted in env/abandoned_requests",
+            path,
+            type(error).__name__,
+            "" if episode is not None else ", no open episode",
+        )
+
     def _episode(self, key: str | None) -> _Open | None:
         with self._lock:
             episode = self._episodes.get(key or "")
         if episode is None and self.serve_params is None:
             raise api.RequestError(
-                "unknown API key: every request must carry the key of an open episode",
+                "unknown API key: every request must carry the key of an open episode "
+                f"(Authorization: Bearer <key>, or the {api.EPISODE_HEADER} header, which a "
+                "verifiers harness sends: zbrl.rollout.agents.verifiers_harness.episode_headers)",
                 status=401,
                 code="invalid_api_key",
             )
@@ -243,35 +263,44 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                self._send(200, api.models_response(endpoint.model_name))
+                self._send(None, 200, api.models_response(endpoint.model_name))
             else:
-                self._send(404, api.error_body(f"no such endpoint: {self.path}", "not_found"))
+                body = api.error_body(f"no such endpoint: {self.path}", "not_found")
+                self._send(None, 404, body)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             auth = self.headers.get("Authorization") or ""
-            key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            bearer = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            key = self.headers.get(api.EPISODE_HEADER) or bearer
+            self._send(key, *self._answer(key, raw))
+
+        def _answer(self, key: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
             try:
                 body = json.loads(raw or b"null")
-                self._send(200, endpoint.handle(self.path, key, body))
+                return 200, endpoint.handle(self.path, key, body)
             except json.JSONDecodeError as e:
-                self._send(400, api.error_body(f"the body is not JSON: {e}", "invalid_json"))
+                return 400, api.error_body(f"the body is not JSON: {e}", "invalid_json")
             except api.RequestError as e:
-                self._send(e.status, api.error_body(str(e), e.code))
+                return e.status, api.error_body(str(e), e.code)
             except TimeoutError:
-                self._send(504, api.error_body("the completion timed out", "timeout"))
+                return 504, api.error_body("the completion timed out", "timeout")
             except Exception as e:  # a failing backend answers 500, never kills the server
                 logger.exception("endpoint request failed")
-                self._send(500, api.error_body(f"{type(e).__name__}: {e}", "server_error"))
+                return 500, api.error_body(f"{type(e).__name__}: {e}", "server_error")
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
+        def _send(self, key: str | None, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except ConnectionError as e:  # the client left before its answer (an agent gave up)
+                self.close_connection = True
+                endpoint.abandoned(key, self.path, e)
 
         def log_message(self, format: str, *args: Any) -> None:
             logger.debug("endpoint: " + format, *args)
