@@ -154,11 +154,14 @@ def test_resources_the_cluster_cannot_grant_fail_before_any_worker(tmp_path, cac
         "launch.placement_timeout_s=3",
         "eval.sets={}",
     ]
+    # refused by the pre-flight against the Ray this process runs, before the run directory
     with pytest.raises(
         RunError,
-        match=r"did not grant.*'GPU': 1.0.*producers.*has \{'CPU': \d.*launch.num_producers",
+        match=r"need 1 GPU \(launch.num_producers=1 x launch.producer_num_gpus=1\) but the Ray "
+        r"this process runs has 0",
     ):
         run_training(load_config(DEMO, overrides))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_reward_worker_the_cluster_cannot_place_fails_at_start(tmp_path, cache):
@@ -179,6 +182,35 @@ def test_a_reward_worker_the_cluster_cannot_place_fails_at_start(tmp_path, cache
     ]
     with pytest.raises(
         RunError,
-        match=r"did not grant.*1 x \{'CPU': 1.0, 'GPU': 1.0\} \(reward workers\).*reward\.workers",
+        match=r"need 1 GPU \(reward.workers=1 x reward.worker_num_gpus=1\) but the Ray this "
+        r"process runs has 0",
     ):
         run_training(load_config(DEMO, overrides))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_placement_the_cluster_cannot_grant_names_every_group(tmp_path, cache):
+    """On a cluster the pre-flight cannot see the resources (they are known once Ray connects):
+    there ``reserve`` waits ``launch.placement_timeout_s`` and names what it could not place."""
+    from zbrl.launch.placement import reserve
+
+    overrides = [
+        *small_overrides(tmp_path, cache),
+        "launch.producer_num_gpus=1",  # the local Ray has no GPU
+        "reward.type=reward_model",
+        "reward.path=unused",  # reserve reads only the worker counts and resources
+        "reward.workers=1",
+        "reward.worker_num_gpus=1",
+        "launch.placement_timeout_s=2",
+    ]
+    with pytest.raises(
+        RunError,
+        match=r"did not grant.*1 x \{'CPU': 1.0, 'GPU': 1.0\} \(producers.*"
+        r"1 x \{'CPU': 1.0, 'GPU': 1.0\} \(reward workers\).*has \{'CPU': \d.*reward\.workers",
+    ):
+        reserve(load_config(DEMO, overrides))
+    import ray
+
+    assert ray.util.placement_group_table() == {} or all(
+        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values()
+    )
