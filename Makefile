@@ -76,7 +76,7 @@ setup-vllm: $(VLLM_STAMP)
 
 # Only the tests marked vllm: the real engine on the embedded model, on CPU.
 test-vllm: setup-vllm
-	$(PYTEST_ENV) $(VLLM_BIN)/python -m pytest $(PYTEST_OPTS) $(XDIST) -m vllm tests
+	$(PYTEST_ENV) $(VLLM_BIN)/python -m pytest $(PYTEST_OPTS) -m vllm tests
 
 # TRL (bench/peers_trl.py: GRPOTrainer side by side with zbrl) in a venv of its own, on the same
 # CPU torch; the main venv and CI never install it.
@@ -109,7 +109,7 @@ smollm2: setup
 
 # Only the tests marked realmodel: SmolLM2 pulled, generating with its chat template, trained.
 test-realmodel: smollm2
-	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) $(XDIST) -m realmodel tests/realmodel
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) -m realmodel tests/realmodel
 
 lint: setup
 	$(BIN)/ruff check src tests bench
