@@ -14,6 +14,9 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	@# zbrl's bytecode, written once: every process of a run imports zbrl, and where
+	@# PYTHONDONTWRITEBYTECODE is set none would ever be written (docs/performance.md, Start-up)
+	$(BIN)/python -m compileall -q -j 0 src
 	touch $(STAMP)
 
 setup: $(STAMP) bubblewrap

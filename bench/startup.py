@@ -11,7 +11,11 @@ variant before the measured ones fills it, as a clone's first run does; ``--cold
 it before every run (every start encodes its prompts). The
 total is measured from outside (the time just before the process is started to the end of the
 first ``train_step`` span) and from inside (the summary's ``startup_s``, from the process's
-creation).
+creation). The benchmark also watches the run from outside while it starts: the time at which
+the run's first metrics line (``metrics.jsonl``) appears, as a user watching the run sees it
+(``first_metrics_s``), and the CPU seconds each of the run's processes (the driver, Ray's own,
+each worker, read from ``/proc`` every ``--sample-s``) used until then (``cpu ...`` rows: where
+the two cores went). Each run's line carries the load average at its start.
 
 Variants (``--variant NAME=CHECKOUT``, e.g. an older commit unpacked with
 ``git archive <commit> | tar -x -C /tmp/old``) run interleaved, round by round, so that they share
@@ -39,7 +43,9 @@ COMMAND = ["train", "recipes/demo.yaml", "eval.sets={}"]
 CONSOLE_SCRIPT = "import sys; from zbrl.cli import main; sys.exit(main())"
 
 
-def run_once(checkout: Path, out: Path, steps: int, extra: list[str], cache: Path) -> dict:
+def run_once(
+    checkout: Path, out: Path, steps: int, extra: list[str], cache: Path, sample_s: float
+) -> dict:
     """One ``zbrl train`` of ``checkout``'s code; its start-up figures."""
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
@@ -49,17 +55,19 @@ def run_once(checkout: Path, out: Path, steps: int, extra: list[str], cache: Pat
     log = out / "run.log"
     t0 = time.time()
     with log.open("w") as f:
-        rc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-c", CONSOLE_SCRIPT, *argv],
             cwd=checkout,
             env=env,
             stdout=f,
             stderr=subprocess.STDOUT,
-            timeout=900,
-        ).returncode
-    if rc != 0:
+        )
+        first_metrics, cpu = watch(proc, run_dir / "metrics.jsonl", t0, sample_s)
+    if proc.returncode != 0:
         tail = log.read_text()[-3000:]
-        raise SystemExit(f"{checkout}: zbrl train exited {rc}; the end of {log}:\n{tail}")
+        raise SystemExit(
+            f"{checkout}: zbrl train exited {proc.returncode}; the end of {log}:\n{tail}"
+        )
     ends = [
         s["end"]
         for s in map(json.loads, (run_dir / "timeline.jsonl").read_text().splitlines())
@@ -67,12 +75,110 @@ def run_once(checkout: Path, out: Path, steps: int, extra: list[str], cache: Pat
     ]
     summary = json.loads((run_dir / "summary.json").read_text())
     figures = {"measured_s": min(ends) - t0}
+    if first_metrics is not None:
+        figures["first_metrics_s"] = first_metrics
     if summary.get("startup_s") is not None:
         figures["startup_s"] = summary["startup_s"]
         figures.update(summary["startup"])
         for worker, parts in summary.get("startup_workers", {}).items():
             figures[f"{worker} startup"] = parts["total_s"]
+    figures.update({f"cpu {name}": seconds for name, seconds in cpu.items()})
+    if cpu:
+        figures["cpu all"] = sum(cpu.values())
     return figures
+
+
+def watch(
+    proc: subprocess.Popen, metrics: Path, t0: float, sample_s: float, timeout_s: float = 900.0
+) -> tuple[float | None, dict[str, float]]:
+    """Wait for ``proc`` to end; returns when (seconds after ``t0``) ``metrics`` got its first
+    line, and the CPU seconds of ``proc``'s process tree by kind up to then (empty when
+    ``sample_s`` is 0 or ``/proc`` is missing)."""
+    first: float | None = None
+    cpu: dict[int, tuple[str, float]] = {}
+    next_sample = 0.0
+    while proc.poll() is None:
+        now = time.time()
+        if now - t0 > timeout_s:
+            proc.kill()
+            raise SystemExit(f"zbrl train did not end within {timeout_s} s")
+        if first is None:
+            if metrics.exists() and metrics.stat().st_size > 0:
+                first = now - t0
+                if sample_s > 0:
+                    sample_tree(proc.pid, cpu)  # the last sample: CPU up to the first metrics
+            elif sample_s > 0 and now >= next_sample:
+                sample_tree(proc.pid, cpu)
+                next_sample = now + sample_s
+        time.sleep(0.01)
+    by_kind: dict[str, float] = {}
+    for kind, seconds in cpu.values():
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    return first, dict(sorted(by_kind.items()))
+
+
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def sample_tree(root: int, cpu: dict[int, tuple[str, float]]) -> None:
+    """Add (or update) the kind and CPU seconds of ``root`` and each of its descendants in
+    ``cpu`` (pid -> (kind, seconds)); a process that ended keeps its last sample."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) * TICK_S)
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    for pid in tree:
+        if pid in stats:
+            kind = process_kind(pid, root)
+            if kind == "ray worker" and pid in cpu:
+                kind = cpu[pid][0]  # an actor's title, once seen, over "ray::IDLE"
+            cpu[pid] = (kind, stats[pid][1])
+
+
+def process_kind(pid: int, root: int) -> str:
+    """What a process of the run is: the driver, one of Ray's own, a worker (by its actor's
+    class, from the title Ray gives it), or the program it runs."""
+    if pid == root:
+        return "driver"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    line = b" ".join(argv).decode(errors="replace")
+    if line.startswith("ray::"):
+        name = line[5:].split()[0].split(".")[0]
+        return "ray worker" if name in ("IDLE", "") else name
+    program = Path(argv[0].decode(errors="replace")).name
+    if program in RAY_PROGRAMS:
+        return RAY_PROGRAMS[program]
+    for marker, kind in RAY_SCRIPTS:
+        if marker in line:
+            return kind
+    return program or "other"
+
+
+RAY_PROGRAMS = {"gcs_server": "ray gcs", "raylet": "ray raylet"}
+"""Ray's own executables (the raylet's command line names the agents' scripts too)."""
+RAY_SCRIPTS = (
+    ("dashboard/agent.py", "ray dashboard agent"),
+    ("runtime_env/agent", "ray runtime-env agent"),
+    ("log_monitor.py", "ray log monitor"),
+    ("default_worker.py", "ray worker"),
+)
+"""Markers in the command lines of Ray's Python processes."""
 
 
 def bench_cache(tmp: Path) -> Path:
@@ -109,7 +215,7 @@ def table(results: dict[str, list[dict]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of each variant")
-    parser.add_argument("--steps", type=int, default=2, help="training.max_steps of each run")
+    parser.add_argument("--steps", type=int, default=3, help="training.max_steps of each run")
     parser.add_argument(
         "--variant",
         action="append",
@@ -120,6 +226,12 @@ def main() -> None:
     parser.add_argument(
         "--cold-prompts", action="store_true", help="no cached encoded prompts in any run"
     )
+    parser.add_argument(
+        "--sample-s",
+        type=float,
+        default=0.2,
+        help="seconds between reads of the processes' CPU times (0: none)",
+    )
     parser.add_argument("overrides", nargs="*", help="more dotted overrides for every run")
     args = parser.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant) or {"this": str(REPO)}
@@ -128,7 +240,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="zbrl-startup-") as tmp:
         cache = bench_cache(Path(tmp))
         for name, checkout in checkouts.items():  # fills the caches: not measured
-            run_once(checkout, Path(tmp) / f"warm-{name}", 1, args.overrides, cache)
+            run_once(checkout, Path(tmp) / f"warm-{name}", 1, args.overrides, cache, 0.0)
         results: dict[str, list[dict]] = {name: [] for name in checkouts}
         for i in range(args.runs):
             order = list(checkouts)
@@ -137,13 +249,26 @@ def main() -> None:
                 out = Path(tmp) / f"{name}-{i}"
                 if args.cold_prompts:
                     shutil.rmtree(cache / "prompts", ignore_errors=True)
-                fig = run_once(checkouts[name], out, args.steps, args.overrides, cache)
+                load = os.getloadavg()[0]
+                fig = run_once(
+                    checkouts[name], out, args.steps, args.overrides, cache, args.sample_s
+                )
+                fig["load average"] = load
                 results[name].append(fig)
-                print(f"{name} run {i}: {fig['measured_s']:.2f} s", flush=True)
+                print(
+                    f"{name} run {i}: first metrics line {fig.get('first_metrics_s', -1):.2f} s, "
+                    f"first training step ended {fig['measured_s']:.2f} s, "
+                    f"CPU {fig.get('cpu all', 0):.1f} s (load average {load:.2f})",
+                    flush=True,
+                )
     print(f"load average after: {os.getloadavg()}")
-    print(f"\nzbrl {' '.join(COMMAND)}: start to the end of the first training step")
+    print(f"\nzbrl {' '.join(COMMAND)}: from the command's start (outside the process)")
     prompts = "none cached" if args.cold_prompts else "encoded prompts cached"
-    print(f"({args.runs} runs of each, interleaved; {prompts}; parts from summary.json)\n")
+    print(
+        f"({args.runs} runs of each, interleaved; {prompts}; first_metrics_s: the first line of "
+        "metrics.jsonl seen; measured_s: the end of the first train_step span; parts from "
+        "summary.json; cpu: seconds of each process up to the first metrics line)\n"
+    )
     print(table(results))
 
 

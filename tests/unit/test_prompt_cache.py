@@ -3,6 +3,7 @@ and settings takes them from the cache without loading the tokenizer; any change
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -98,3 +99,20 @@ def test_the_cache_keeps_its_newest_entries(start, monkeypatch):
         inputs.encode_datasets(cfg, artifacts)
     entries = list((prompt_cache.entry_path(cfg, "x").parent).glob("*.json"))
     assert len(entries) == 2
+
+
+def test_a_start_that_takes_an_entry_keeps_it_over_newer_unused_ones(start, monkeypatch):
+    monkeypatch.setattr(prompt_cache, "KEEP", 2)
+    used, used_artifacts = start("data.max_prompts=10")
+    inputs.encode_datasets(used, used_artifacts)
+    used_path = prompt_cache.entry_path(used, prompt_cache.cache_key(used, used_artifacts))
+    os.utime(used_path, (1_000, 1_000))  # written long ago
+    other, other_artifacts = start("data.max_prompts=11")
+    inputs.encode_datasets(other, other_artifacts)
+    inputs.encode_datasets(used, used_artifacts)  # taken again: marked used
+    assert used_path.stat().st_mtime > 1_000
+    newest, newest_artifacts = start("data.max_prompts=12")
+    inputs.encode_datasets(newest, newest_artifacts)
+    kept = {p.name for p in used_path.parent.glob("*.json")}
+    newest_path = prompt_cache.entry_path(newest, prompt_cache.cache_key(newest, newest_artifacts))
+    assert kept == {used_path.name, newest_path.name}  # the entry not used since is gone

@@ -11,11 +11,14 @@ set that is not a file (``data.source``), a tokenizer with ``model.trust_remote_
 given as an import path is never cached (code the key cannot see could change the prompts).
 
 An entry is written only after every set was encoded and checked, whole (a temporary file renamed
-into place), as JSON; the newest :data:`KEEP` entries are kept.
+into place), as JSON; the :data:`KEEP` entries used last are kept (a start that takes an entry
+marks it used, so the entry of the run a user repeats outlives the entries that tests, other
+branches or other settings write beside it in a shared cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 VERSION = 1
 """Bump when the entries' layout changes."""
 KEEP = 8
-"""Entries kept in ``logging.cache_dir/prompts`` (the newest)."""
+"""Entries kept in ``logging.cache_dir/prompts`` (those written or taken last)."""
 WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack"})
 """Files of a tokenizer directory left out of the key: a model's weights, never read to encode."""
 CODE = (
@@ -98,6 +101,8 @@ def load(cfg: RunConfig, key: str) -> tuple[Encoded, dict[str, Encoded]] | None:
     def encoded(d: dict[str, Any]) -> Encoded:
         return [EncodedPrompt(uid, ids, example) for uid, ids, example in d["prompts"]], d["stats"]
 
+    with contextlib.suppress(OSError):  # used now: kept over the entries not used since
+        os.utime(path)
     print(f"[zbrl] encoded prompts: reusing {path}", flush=True)
     return encoded(data["train"]), {name: encoded(d) for name, d in data["evals"].items()}
 

@@ -47,6 +47,12 @@ from zbrl.transport.clients import BufferClient
 from zbrl.transport.handles import RayHandle
 
 READY_TIMEOUT_S = 900.0
+POLL_S = 0.5
+"""How often the loop drains the telemetry hub (metrics, spans, progress) once steps arrive."""
+FIRST_POLL_S = 0.1
+"""How often it drains the hub until the first step's metrics arrived: the first metrics line
+is what a user waits for at the start (docs/performance.md, Start-up); a drain costs the driver
+and the hub about a millisecond."""
 END_TIMEOUT_S = 60.0
 """How long a consumer restart waits for the old workers' processes to be gone."""
 """How long a re-created producer may take to build its model and backend."""
@@ -125,7 +131,8 @@ class Supervisor:
                 self.outcome.stop_timed_out = True
                 break
             refs = [*self._running, *self._restarting]
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
+            poll_s = POLL_S if self.monitor.step_metrics else FIRST_POLL_S
+            ready, _ = ray.wait(refs, num_returns=1, timeout=poll_s)
             for ref in ready:
                 if ref in self._restarting:
                     self._on_restarted(ref)
