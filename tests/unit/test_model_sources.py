@@ -24,12 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     """The embedded tiny model and tokenizer saved like a user's model (with a chat template)."""
-    from zbrl.embedded.tiny_model import build_tiny_model
+    from zbrl.embedded.tiny_model import build_tiny_model, tiny_model_config
     from zbrl.embedded.tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("tiny")
     tokenizer = build_tokenizer()
-    build_tiny_model(tokenizer, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(out)
+    config = tiny_model_config(tokenizer, hidden_size=16, num_layers=1, num_heads=2)
+    build_tiny_model(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
