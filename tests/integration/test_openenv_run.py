@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.procs import descendants, kill_tree
+from helpers.procs import descendants, kill_tree, survivors
 from helpers.runs import WARM_START_STEPS
 
 pytest.importorskip("openenv.core", reason="OpenEnv is not installed: pip install 'zbrl[openenv]'")
@@ -36,14 +36,6 @@ def openenv_servers(root: int) -> set[int]:
         if SERVER_MODULE.encode() in argv:
             found.add(pid)
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_demo_openenv_trains_and_stops_its_servers(tmp_path, run_cache):
@@ -79,10 +71,7 @@ def test_demo_openenv_trains_and_stops_its_servers(tmp_path, run_cache):
             kill_tree(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]
     assert len(seen) >= 2, "a producer's and the evaluator's server"
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in seen) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not [pid for pid in seen if alive(pid)], "an OpenEnv server outlived the run"
+    assert not survivors(seen, within_s=30), "an OpenEnv server outlived the run"
 
     run_dir = tmp_path / "run"
     records = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
