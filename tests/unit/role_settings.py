@@ -9,7 +9,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
-from zbrl.assembly import settings
+from zbrl.assembly import settings, shared_settings
 from zbrl.config import RunConfig, load_config
 from zbrl.training.rows import MicroBatching
 
@@ -44,7 +44,7 @@ def sampling_params(*overrides: str, **fields: Any):
 
 
 def buffer_settings(*overrides: str, **fields: Any):
-    return replace(settings.buffer_settings(run_config(*overrides)), **fields)
+    return replace(shared_settings.buffer_settings(run_config(*overrides)), **fields)
 
 
 def producer_settings(*overrides: str, index: int = 0, **fields: Any):

@@ -49,7 +49,7 @@ HUB_GPU_RECIPES = ["grpo_qwen2.5_0.5b_instruct_gpu.yaml", "grpo_qwen2.5_1.5b_ins
 
 @pytest.mark.parametrize("recipe", GPU_RECIPES, ids=[p.name for p in GPU_RECIPES])
 def test_gpu_recipes_compute_in_bfloat16_on_gpus(recipe):
-    from zbrl.assembly.settings import weight_sync_backend
+    from zbrl.assembly.shared_settings import weight_sync_backend
 
     cfg = load_config(recipe)
     assert cfg.model.dtype == "bfloat16"  # float32 masters are the engine's, whatever this is

@@ -5,7 +5,7 @@ import threading
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zbrl.assembly import datasets, rewards, settings
+from zbrl.assembly import datasets, rewards, settings, shared_settings
 from zbrl.assembly.environments import build_episode_runner
 from zbrl.config import load_config
 from zbrl.rollout.backends.transformers.backend import TransformersBackend
@@ -36,7 +36,7 @@ def test_producer_and_consumer_train_together(tiny_model_dir, task_files, tmp_pa
     cfg = load_config(None, [*OVERRIDES, "transport.max_staleness=1", "training.max_steps=3"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts, _ = datasets.encode_prompts(task_files[0], cfg, tokenizer)
-    buffer = RolloutBuffer(settings.buffer_settings(cfg))
+    buffer = RolloutBuffer(shared_settings.buffer_settings(cfg))
     store = WeightStore()
     prec, crec = SpanRecorder("producer-0", "producer"), SpanRecorder("consumer-0", "consumer")
     sync = cfg.transport.weight_sync

@@ -229,3 +229,46 @@ print(sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_driver_creates_every_actor_without_torch(tmp_path):
+    """What the driver imports to create and supervise a run's actors (the shared actors' classes
+    and settings, the placement, the worker shells, the supervisor and the monitor) imports no
+    torch or transformers: those load in the workers' processes, while the driver waits on them
+    (docs/performance.md, Start-up). The classes Ray is handed are the real ones, and the worker
+    shells answer the roles' methods."""
+    script = f"""
+import sys
+from zbrl.config import load_config
+from zbrl.launch import driver, monitor, placement, process_group, spawn, supervisor, workers
+from zbrl.launch.buffer_actor import RolloutBufferActor
+from zbrl.assembly.shared_settings import buffer_settings, weight_sync_backend
+from zbrl.telemetry.hub import TelemetryHub
+from zbrl.transport.weight_sync.store import WeightStore
+cfg = load_config({str(cli_demo_recipe())!r}, ["logging.run_dir={tmp_path}/run"])
+settings = buffer_settings(cfg)
+assert process_group.consumer_group(cfg) == (None, None)
+assert weight_sync_backend(cfg) == "none"
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+buffer = RolloutBufferActor(settings)
+buffer.torch_import.join(timeout=60)
+print(heavy, "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] True"  # none on the driver's path; the buffer's own, later
+    from zbrl.launch import worker_roles, workers
+
+    for shell, role in (
+        (workers.ProducerWorker, worker_roles.ProducerRole),
+        (workers.ConsumerWorker, worker_roles.ConsumerRole),
+        (workers.EvaluatorWorker, worker_roles.EvaluatorRole),
+    ):
+        methods = {n for n in vars(role) if not n.startswith("_")}
+        assert methods == {n for n in vars(shell) if not n.startswith("_")}, shell
+
+
+def cli_demo_recipe():
+    from zbrl import cli
+
+    return cli.DEMO_RECIPE

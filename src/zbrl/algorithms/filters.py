@@ -1,4 +1,6 @@
-"""Pure per-group filters used by the rollout buffer (plain Python / torch, no state).
+"""Pure per-group filters used by the rollout buffer (plain Python; a tensor is taken
+where torch is already imported; no state). They import no torch: the rollout buffer, and the
+driver that creates it, start without it (docs/performance.md, Start-up).
 
 - :func:`group_in_accuracy_range` — DAPO-style dynamic sampling: drop groups that are all right
   or all wrong (their advantages would be zero anyway).
@@ -10,9 +12,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the rollout buffer's process and the driver run these without torch
+    import torch
 
 
 def group_in_accuracy_range(
@@ -33,7 +38,8 @@ def group_in_accuracy_range(
 
 def is_zero_variance(rewards_G: Sequence[float] | torch.Tensor, tol: float = 1e-8) -> bool:
     """True when all rewards of the group lie within ``tol`` of each other (max - min <= tol)."""
-    if isinstance(rewards_G, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor means torch is imported already
+    if torch is not None and isinstance(rewards_G, torch.Tensor):
         values = rewards_G.detach().reshape(-1).double().tolist()
     else:
         values = [float(v) for v in rewards_G]

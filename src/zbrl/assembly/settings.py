@@ -1,4 +1,5 @@
-"""Each role's settings from a RunConfig (the only place config fields become role settings)."""
+"""Each role's settings from a RunConfig (the only place config fields become role settings;
+those the driver needs, without torch, are in :mod:`zbrl.assembly.shared_settings`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from zbrl.algorithms.policy_loss import LossConfig
+from zbrl.assembly.shared_settings import weight_sync_backend
 from zbrl.config import GaeAdvantage, GspoLoss, ImportAdvantage, PpoClipLoss, RunConfig
 from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
@@ -14,7 +16,6 @@ from zbrl.training.consumer import ConsumerSettings
 from zbrl.training.rows import MicroBatching
 from zbrl.training.step_start import CriticSettings
 from zbrl.training.train_step import StepSettings
-from zbrl.transport.buffer import BufferSettings
 from zbrl.transport.weight_sync.broadcast import BroadcastSettings
 
 
@@ -61,19 +62,6 @@ def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
             else None
         ),
         inflight_keep_cache=cfg.rollout.inflight_updates.after_swap == "keep",
-    )
-
-
-def buffer_settings(cfg: RunConfig) -> BufferSettings:
-    a = cfg.algorithm
-    return BufferSettings(
-        groups_per_step=cfg.training.train_batch_size,
-        max_staleness=cfg.transport.max_staleness,
-        num_producers=cfg.launch.num_producers,
-        filter_range=a.filter_range if a.dynamic_batching else None,
-        dynamic_batching=a.dynamic_batching,
-        drop_all_truncated_groups=a.filter_truncated_response,
-        capacity=cfg.transport.buffer_capacity,
     )
 
 
@@ -189,17 +177,6 @@ GLOO_BUCKET_MB = 4.0
 """Broadcast bucket with gloo when ``bucket_mb`` is unset (fastest of 1-512 MiB on loopback)."""
 NCCL_BUCKET_MB = 64.0
 """Broadcast bucket with NCCL when ``bucket_mb`` is unset."""
-
-
-def weight_sync_backend(cfg: RunConfig) -> str:
-    """The collective backend of broadcast weight sync (``auto``: nccl when consumers have
-    GPUs, gloo otherwise); ``none`` for the object store."""
-    sync = cfg.transport.weight_sync
-    if not isinstance(sync, BroadcastSync):
-        return "none"
-    if sync.backend != "auto":
-        return sync.backend
-    return "nccl" if cfg.launch.consumer_num_gpus > 0 else "gloo"
 
 
 def broadcast_settings(cfg: RunConfig, node_address: str) -> BroadcastSettings | None:

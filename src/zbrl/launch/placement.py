@@ -54,7 +54,7 @@ class Placement:
         return _in_bundle(self.reward_workers, index, cpus, gpus)
 
     def evaluator_options(self) -> dict[str, Any]:
-        from zbrl.assembly.settings import weight_sync_backend
+        from zbrl.assembly.shared_settings import weight_sync_backend
 
         gpus = self.cfg.launch.producer_num_gpus if weight_sync_backend(self.cfg) == "nccl" else 0
         return {"num_cpus": 0, "num_gpus": gpus}

@@ -275,7 +275,7 @@ def check_broadcast_address(cfg: RunConfig) -> None:
 def check_nccl_gpus(cfg: RunConfig) -> None:
     if not isinstance(cfg.transport.weight_sync, BroadcastSync):
         return  # the object store (and the CUDA handoff) need no collective backend
-    from zbrl.assembly.settings import weight_sync_backend
+    from zbrl.assembly.shared_settings import weight_sync_backend
 
     if weight_sync_backend(cfg) != "nccl" or cfg.launch.ray_address is not None:
         return  # on a cluster the placement groups ask for the GPUs and fail if there are none

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from zbrl.config import RunConfig
-from zbrl.training.distributed import GroupHost, GroupSpec, resolve_backend
+
+if TYPE_CHECKING:  # torch.distributed, imported only when there is a group (a lone consumer's
+    # driver starts without torch: docs/performance.md, Start-up)
+    from zbrl.training.distributed import GroupHost, GroupSpec
 
 
 def consumer_group(cfg: RunConfig) -> tuple[GroupHost | None, GroupSpec | None]:
@@ -14,6 +19,8 @@ def consumer_group(cfg: RunConfig) -> tuple[GroupHost | None, GroupSpec | None]:
     la = cfg.launch
     if la.num_consumers == 1 and cfg.training.engine.type != "fsdp2":
         return None, None
+    from zbrl.training.distributed import GroupHost, resolve_backend
+
     requested = getattr(cfg.training.engine, "backend", "auto")
     backend = resolve_backend(requested, la.consumer_num_gpus)
     host = GroupHost(head_address(cfg))

@@ -3,9 +3,9 @@ first training step (docs/performance.md, "Start-up").
 
 The driver marks the end of each of its phases on a :class:`StartupClock` whose origin is the
 moment its process was created, so the interpreter's own start and every import count. Each
-worker records a ``startup`` span (:mod:`zbrl.launch.workers`), and the first generation and the
-first training step are read from the run's spans. :func:`startup_summary` joins them into the
-summary's ``startup_s`` (the whole, to the end of the first training step), ``startup`` (its
+worker records a ``startup`` span (:mod:`zbrl.launch.worker_roles`), and the first generation and
+the first training step are read from the run's spans. :func:`startup_summary` joins them into
+the summary's ``startup_s`` (the whole, to the end of the first training step), ``startup`` (its
 parts, in order, which add up to the whole), ``startup_background`` (what ran beside them: Ray's
 start) and ``startup_workers`` (each worker's own span).
 

@@ -349,7 +349,7 @@ def consumer_on_gpu(cfg: RunConfig) -> bool:
 def evaluator_on_gpu(cfg: RunConfig) -> bool:
     """The in-run evaluator holds GPUs (as many as a producer) when there are eval sets and
     weights reach it by NCCL broadcast (:mod:`zbrl.launch.placement`)."""
-    from zbrl.assembly.settings import weight_sync_backend
+    from zbrl.assembly.shared_settings import weight_sync_backend
 
     return (
         bool(cfg.eval.sets)

@@ -94,7 +94,7 @@ class RawGroup(NamedTuple):
 @dataclass(frozen=True)
 class BufferSettings:
     """What the buffer needs from the run configuration (every field is filled by
-    ``zbrl.assembly.settings.buffer_settings``; none has a default of its own)."""
+    ``zbrl.assembly.shared_settings.buffer_settings``; none has a default of its own)."""
 
     groups_per_step: int
     max_staleness: int
