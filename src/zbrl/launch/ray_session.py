@@ -86,3 +86,42 @@ def lean_local_head() -> Iterator[bool]:
                 setattr(Node, n, saved[n])
             else:
                 delattr(Node, n)
+
+
+WORKER_STARTS_AT_ONCE = 8
+"""How many worker processes a local raylet may start at the same time (see below)."""
+
+
+@contextlib.contextmanager
+def workers_start_at_once(limit: int = WORKER_STARTS_AT_ONCE) -> Iterator[bool]:
+    """While inside, a local raylet may start ``limit`` worker processes at once instead of
+    ``min(cores, num_cpus)``; yields False (and changes nothing) when this Ray version starts
+    its raylet otherwise.
+
+    A run asks for five actors at its start (telemetry hub, rollout buffer, weight store,
+    producer, consumer) and Ray started two at a time on two cores: the consumer's process
+    began only once two others had registered, although its imports are the longest part of
+    the start (docs/performance.md, Start-up). Started together, the processes share the cores
+    from the first moment; the CPU they need is the same."""
+    try:
+        from ray._private import services
+    except ImportError:
+        yield False
+        return
+    original = getattr(services, "start_ray_process", None)
+    if original is None:
+        yield False
+        return
+    flag = "--maximum_startup_concurrency="
+
+    def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
+        command = [
+            f"{flag}{max(limit, int(c[len(flag) :]))}" if c.startswith(flag) else c for c in command
+        ]
+        return original(command, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+    try:
+        yield True
+    finally:
+        services.start_ray_process = original

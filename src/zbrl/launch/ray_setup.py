@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-from zbrl.launch.ray_session import lean_local_head, ray_in_own_session
+from zbrl.launch.ray_session import lean_local_head, ray_in_own_session, workers_start_at_once
 
 LOOPBACK = "127.0.0.1"
 # Read by Ray: the first at import (ray_constants.ENABLE_RAY_CLUSTER), the second by ray.init.
@@ -92,7 +92,7 @@ def start_local_ray(num_cpus: int) -> None:
     socket on loopback; raises RunError if Ray picked another address anyway."""
     num_gpus = 0 if not _has_cuda() else None
     # a group signal reaches the driver only; no API server or autoscaler (ray_session.py)
-    with loopback_only(), ray_in_own_session(), lean_local_head():
+    with loopback_only(), ray_in_own_session(), lean_local_head(), workers_start_at_once():
         import ray
 
         ray.init(
