@@ -273,3 +273,32 @@ def cli_demo_recipe():
     from zbrl import cli
 
     return cli.DEMO_RECIPE
+
+
+def test_a_local_raylet_may_start_the_runs_workers_at_once(monkeypatch):
+    """Inside ``workers_start_at_once`` the raylet's command line lets it start 8 worker
+    processes at once (Ray computes min(cores, num_cpus): 2 here); other processes' command
+    lines and a larger limit are left alone, and Ray's function is back afterwards."""
+    from ray._private import services
+
+    from zbrl.launch.ray_session import workers_start_at_once
+
+    started = []
+
+    def start_ray_process(command, process_type, **kwargs):
+        started.append((process_type, command))
+
+    monkeypatch.setattr(services, "start_ray_process", start_ray_process)
+    with workers_start_at_once() as active:
+        assert active
+        services.start_ray_process(
+            ["raylet", "--maximum_startup_concurrency=2", "--num_cpus=3"], "raylet"
+        )
+        services.start_ray_process(["raylet", "--maximum_startup_concurrency=16"], "raylet")
+        services.start_ray_process(["gcs_server", "--port=0"], "gcs_server")
+    assert services.start_ray_process is start_ray_process
+    assert started == [
+        ("raylet", ["raylet", "--maximum_startup_concurrency=8", "--num_cpus=3"]),
+        ("raylet", ["raylet", "--maximum_startup_concurrency=16"]),
+        ("gcs_server", ["gcs_server", "--port=0"]),
+    ]
