@@ -160,7 +160,6 @@ def process_kind(pid: int, root: int) -> str:
     line = b" ".join(argv).decode(errors="replace")
     if line.startswith("ray::"):
         name = line[5:].split()[0].split(".")[0]
-        name = ACTOR_ALIASES.get(name, name)
         return "ray worker" if name in ("IDLE", "") else name
     program = Path(argv[0].decode(errors="replace")).name
     if program in RAY_PROGRAMS:
@@ -171,8 +170,6 @@ def process_kind(pid: int, root: int) -> str:
     return program or "other"
 
 
-ACTOR_ALIASES = {"RolloutBufferActor": "RolloutBuffer"}
-"""Actor classes renamed since older checkouts, named as before so that variants line up."""
 RAY_PROGRAMS = {"gcs_server": "ray gcs", "raylet": "ray raylet"}
 """Ray's own executables (the raylet's command line names the agents' scripts too)."""
 RAY_SCRIPTS = (

@@ -5,11 +5,18 @@ Variable lengths stay variable: every completion keeps its own length; nothing h
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: the driver, the telemetry hub and the weight store
     import torch  # handle these types without importing torch (docs/performance.md, Start-up)
+
+
+def _none() -> None:
+    """The default of the optional per-token fields, as a factory: a plain default would be a
+    class attribute, which would hide a packed field from ``__getattr__``."""
+    return None
 
 
 @dataclass
@@ -64,7 +71,7 @@ class RolloutGroup:
     episode_failures: int = 0
     """Episodes that failed without a score (an agent's timeout, crash or malformed result); the
     buffer drops a group that has any, so no made-up score is trained."""
-    loss_masks: list[torch.Tensor] | None = None
+    loss_masks: list[torch.Tensor] | None = field(default_factory=_none)
     """Multi-turn episodes: G bool tensors, each [L_i], True on the tokens the model generated
     (environment tokens are in ``response_ids`` but outside the loss); None: every response
     token is the model's."""
@@ -74,14 +81,14 @@ class RolloutGroup:
     env_counts: dict[str, float] = field(default_factory=dict)
     """Multi-turn episodes: events summed over the group (turns, tool calls, tool errors, turn
     and token limits), reported as ``env/<name>`` metrics."""
-    token_versions: list[torch.Tensor] | None = None
+    token_versions: list[torch.Tensor] | None = field(default_factory=_none)
     """G int64 tensors, each [L_i]: the policy version that sampled each response token
     (in-flight updates change it inside a response; never below ``policy_version``); None: every
     token has ``policy_version``. Read it through :meth:`versions`."""
 
     @property
     def group_size(self) -> int:
-        return len(self.response_ids)
+        return len(self.response_lengths)
 
     def versions(self, g: int) -> torch.Tensor:
         """int64 [L_g]: the version of each token of completion ``g``."""
@@ -92,37 +99,52 @@ class RolloutGroup:
         return torch.full((int(self.response_ids[g].numel()),), self.policy_version)
 
     def __getstate__(self) -> dict[str, Any]:
-        # One flat tensor per field instead of 2·G small ones: pickling (Ray's wire format) pays a
-        # fixed cost per tensor, which dominated the producer's push time for short responses.
-        import torch
-
+        # One flat array per field instead of 2·G small tensors: pickling (Ray's wire format)
+        # pays a fixed cost per tensor, which dominated the producer's push time for short
+        # responses. NumPy arrays, so that a process can unpickle a group without torch.
         state = dict(self.__dict__)
-        lengths = [int(t.numel()) for t in self.response_ids]
-        state["response_ids"] = (_flat(self.response_ids, torch.long), lengths)
-        state["behaviour_logprobs"] = (_flat(self.behaviour_logprobs, torch.float32), lengths)
-        if self.loss_masks is not None:
-            state["loss_masks"] = (_flat(self.loss_masks, torch.bool), lengths)
-        if self.token_versions is not None:
-            state["token_versions"] = (_flat(self.token_versions, torch.long), lengths)
+        packed = state.pop(_PACKED_STATE, {})
+        for key, dtype in PACKED_FIELDS.items():
+            if key in packed:  # never unpacked here: passed on as it came
+                state[key] = packed[key]
+            elif state.get(key) is not None:
+                state[key] = _flat_arrays(state[key], dtype)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        import torch
-
-        for key in ("response_ids", "behaviour_logprobs", "loss_masks", "token_versions"):
-            if state.get(key) is None:  # optional fields unset (or absent from older pickles)
+        packed = {}
+        for key in PACKED_FIELDS:
+            value = state.pop(key, None)  # optional fields unset (or absent from older pickles)
+            if value is None:
                 state[key] = None
-                continue
-            flat, lengths = state[key]
-            state[key] = list(torch.split(flat, lengths)) if lengths else []
+            elif _is_tensor(value[0]):  # a pickle of an older zbrl: flat tensors
+                state[key] = _split(*value)
+            else:
+                packed[key] = value  # unpacked on first use (__getattr__)
         state.setdefault("episodes", None)
         state.setdefault("env_counts", {})
         state.setdefault("reward_failed", 0)
         state.setdefault("episode_failures", 0)
         self.__dict__.update(state)
+        if packed:
+            self.__dict__[_PACKED_STATE] = packed
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for attributes the instance lacks: a tensor field of an unpickled group
+        # on its first use. The rollout buffer never uses them (it reads lengths, rewards and
+        # tags), so its process takes, holds and passes on groups without importing torch.
+        packed = self.__dict__.get(_PACKED_STATE)
+        if packed is None or name not in packed:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = _split(*packed.pop(name))
+        self.__dict__[name] = value
+        return value
 
     @property
     def response_lengths(self) -> list[int]:
+        packed = self.__dict__.get(_PACKED_STATE)
+        if packed is not None and "response_ids" in packed:
+            return list(packed["response_ids"][1])
         return [int(t.numel()) for t in self.response_ids]
 
     @property
@@ -171,7 +193,41 @@ class WeightsMessage:
     payload: Any
 
 
-def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+PACKED_FIELDS = {
+    "response_ids": "int64",
+    "behaviour_logprobs": "float32",
+    "loss_masks": "bool",
+    "token_versions": "int64",
+}
+"""A RolloutGroup's per-token fields and their dtypes: pickled as one flat NumPy array each and
+the G lengths (:meth:`RolloutGroup.__getstate__`)."""
+_PACKED_STATE = "_packed"
+"""The instance attribute holding an unpickled group's fields that were not used yet."""
+
+
+def _flat_arrays(tensors: list[torch.Tensor], dtype: str) -> tuple[Any, list[int]]:
+    """``tensors`` (G 1-D tensors) as one flat NumPy array of ``dtype`` and their lengths."""
+    import numpy as np
+
+    lengths = [int(t.numel()) for t in tensors]
+    if not tensors:
+        return np.empty(0, dtype=dtype), lengths
+    import torch  # the tensors exist: torch is imported already
+
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(device="cpu", dtype=getattr(torch, dtype))
+    return flat.numpy(), lengths
+
+
+def _split(flat: Any, lengths: list[int]) -> list[torch.Tensor]:
+    """The G tensors back from a flat array (or a flat tensor, in older pickles)."""
     import torch
 
-    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
+    if not _is_tensor(flat):
+        # a copy: an array Ray unpickled may be a read-only view of its object store
+        flat = torch.from_numpy(flat.copy())
+    return list(torch.split(flat, lengths)) if lengths else []
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # a tensor means torch is imported already
+    return torch is not None and isinstance(value, torch.Tensor)

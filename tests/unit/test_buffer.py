@@ -1,6 +1,8 @@
 import copy
 import pickle
 import random
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -8,7 +10,7 @@ import torch
 from role_settings import buffer_settings
 
 from zbrl.transport.buffer import RolloutBuffer
-from zbrl.types import Reservation, RolloutGroup
+from zbrl.types import PACKED_FIELDS, Reservation, RolloutGroup
 
 
 def make_group(ticket, version, ans_acc=(0.0, 1.0), truncated=None, producer=0):
@@ -272,6 +274,67 @@ def test_rollout_group_pickles_to_flat_tensors_and_back():
     assert [t.tolist() for t in back.behaviour_logprobs] == [[-0.5], [], [-1.0, -2.0, -3.0]]
     assert back.response_ids[2].dtype == torch.long and back.ans_acc == group.ans_acc
     assert back.response_lengths == [1, 0, 3]
+
+
+BUFFER_PROCESS = """
+import pickle, sys
+from zbrl.transport.buffer import BufferSettings, RolloutBuffer
+groups = pickle.loads(sys.stdin.buffer.read())
+buf = RolloutBuffer(BufferSettings(
+    groups_per_step=2, max_staleness=1, num_producers=1, filter_range=None,
+    dynamic_batching=False, drop_all_truncated_groups=False, capacity=None))
+res = buf.reserve(0, len(groups), timeout=0)
+for group, ticket in zip(groups, res.tickets):
+    group.ticket = ticket
+buf.put(groups)
+held = pickle.loads(pickle.dumps(buf.state()))  # a checkpoint of the buffer, groups pending
+status, batch = buf.take(2, timeout=0)
+print(status, buf.stats.samples_generated, [g.group_size for g in batch.groups],
+      [g.response_lengths for g in batch.groups], "torch" in sys.modules, file=sys.stderr)
+sys.stdout.buffer.write(pickle.dumps(batch))
+"""
+
+
+def test_the_buffers_process_takes_holds_and_passes_on_groups_without_torch():
+    """Groups pickled by a producer are reserved, put, checkpointed and taken in a process that
+    never imports torch (the rollout buffer's: types.PACKED_FIELDS), and reach the consumer with
+    every token, log-prob and loss mask as they were sent."""
+    sent = [make_group(-1, 0, ans_acc=(0.0, 1.0)) for _ in range(2)]
+    sent[0].response_ids = [torch.tensor([5, 6, 7]), torch.tensor([], dtype=torch.long)]
+    sent[0].behaviour_logprobs = [torch.tensor([-0.5, -1.5, -2.5]), torch.tensor([])]
+    sent[1].loss_masks = [torch.tensor([True, False]), torch.tensor([False, True])]
+    out = subprocess.run(
+        [sys.executable, "-c", BUFFER_PROCESS],
+        input=pickle.dumps(sent),
+        capture_output=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stderr.decode().split("\n")[0] == "batch 4 [2, 2] [[3, 0], [2, 2]] False"
+    got = pickle.loads(out.stdout).groups
+    for a, b in zip(sent, got):
+        for field in PACKED_FIELDS:
+            if getattr(a, field) is None:
+                assert getattr(b, field) is None
+                continue
+            assert [t.dtype for t in getattr(b, field)] == [t.dtype for t in getattr(a, field)]
+            assert [t.tolist() for t in getattr(b, field)] == [
+                t.tolist() for t in getattr(a, field)
+            ]
+    assert [g.uid for g in got] == [g.uid for g in sent]
+
+
+def test_a_group_pickled_by_an_older_zbrl_still_loads():
+    """Checkpoints written before the NumPy wire format hold flat tensors; they load as before."""
+    group = make_group(3, 1)
+    state = dict(group.__dict__)
+    state["response_ids"] = (torch.tensor([3, 4, 3, 4]), [2, 2])
+    state["behaviour_logprobs"] = (torch.zeros(4), [2, 2])
+    state["loss_masks"] = state["token_versions"] = None
+    old = RolloutGroup.__new__(RolloutGroup)
+    old.__setstate__(state)
+    assert [t.tolist() for t in old.response_ids] == [[3, 4], [3, 4]]
+    assert old.group_size == 2 and old.loss_masks is None
 
 
 def drive(buf, rng, pending, ops):

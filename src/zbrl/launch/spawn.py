@@ -308,11 +308,11 @@ def _buffer_and_store(cfg: RunConfig, place: Placement) -> tuple[Any, Any]:
     import ray
 
     from zbrl.assembly.shared_settings import buffer_settings
-    from zbrl.launch.buffer_actor import RolloutBufferActor
+    from zbrl.transport.buffer import RolloutBuffer
     from zbrl.transport.weight_sync.store import WeightStore
 
     options = _shared_options(cfg, place)
-    buffer = ray.remote(RolloutBufferActor).options(**options).remote(buffer_settings(cfg))
+    buffer = ray.remote(RolloutBuffer).options(**options).remote(buffer_settings(cfg))
     return buffer, ray.remote(WeightStore).options(**options).remote()
 
 
