@@ -8,9 +8,10 @@ in each layout, on two models and two length profiles:
   ``smollm2-135m`` when ``zbrl models pull smollm2-135m`` has put it in the cache, otherwise a
   random-weight model of its shape: 30 layers, hidden 576, 9 heads, 3 key/value heads,
   intermediate 1536, vocabulary 49152; the table says which);
-- lengths: ``long-uneven`` (prompts of 40–80 tokens, responses uniformly 16–256 tokens) and
+- lengths: ``long-uneven`` (prompts of 40–80 tokens, responses uniformly 16–256 tokens),
   ``arithmetic`` (the SmolLM2 arithmetic recipe's shape: ChatML prompts of about 40 tokens,
-  responses of 2–24 tokens, its ``max_new_tokens``).
+  responses of 2–24 tokens, its ``max_new_tokens``) and ``demo`` (the embedded demo's: prompts of
+  30–32 tokens, responses of 16–24, as its warm-started policy samples them).
 
 Token values are random (the work does not depend on them). Padded rows and shared prompts cut
 micro-batches of ``--rows`` rows (the recipe's ``train_microbatch_size`` unless given); packed
@@ -26,6 +27,8 @@ the ratios hold on a machine other processes are loading, where wall times swing
     python bench/packing.py                          # both models, both profiles, 3 repeats
     python bench/packing.py --models tiny --repeats 5
     python bench/packing.py --models smollm2 --threads 1 --clock cpu   # on a busy machine
+    python bench/packing.py --models tiny --profiles demo --prompts 8 --rows 64 --budget none \
+        --threads 1 --clock cpu                     # the demo's shapes and micro-batches
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ PROFILES = {
     # name: (prompt length range, response length range)
     "long-uneven": ((40, 80), (16, 256)),
     "arithmetic": ((36, 44), (2, 24)),
+    # the demo's (recipes/demo.yaml): embedded-task prompts of 30-32 tokens; responses of
+    # 16-24 tokens, as the warm-started policy samples them in its first 40 steps (mean 20.2,
+    # 97% within 16-27, each step's longest 24 at the median); run with --prompts 8 --rows 64
+    # --budget none, the demo's micro-batches
+    "demo": ((30, 32), (16, 24)),
 }
 LAYOUTS = ("padded full rows", "shared prompts", "packed")
 
@@ -76,7 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2, help="groups per step")
     p.add_argument("--samples", type=int, default=8, help="responses per prompt (G)")
     p.add_argument("--rows", type=int, default=8, help="rows per padded micro-batch")
-    p.add_argument("--budget", type=int, default=1024, help="packed tokens per micro-batch")
+    p.add_argument(
+        "--budget",
+        type=budget_arg,
+        default=1024,
+        help="packed tokens per micro-batch; none: --rows rows per packed micro-batch in ticket "
+        "order (training.train_microbatch_tokens unset, as in the demo)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -90,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu needs --threads 1: with more threads CPU time is not a step's time")
     return args
+
+
+def budget_arg(text: str) -> int | None:
+    return None if text == "none" else int(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,11 +127,17 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\nzbrl train step tokens/s, float32, CPU, {args.threads} torch thread(s); "
         f"{args.prompts} prompts x {args.samples} responses per step; padded layouts "
-        f"{args.rows} rows per micro-batch, packed {args.budget} tokens per micro-batch; "
+        f"{args.rows} rows per micro-batch, packed {packed_batching(args)}; "
         f"medians of {args.repeats} interleaved repeats; {args.clock} clock"
     )
     print(load_line(load_before, load_after))
     print_table(results)
+
+
+def packed_batching(args: argparse.Namespace) -> str:
+    if args.budget is None:
+        return f"{args.rows} rows per micro-batch (no token budget)"
+    return f"{args.budget} tokens per micro-batch"
 
 
 def model_path(name: str, tmp: Path) -> tuple[Path, str]:
@@ -193,7 +217,7 @@ def bench_setting(
             if rnd:
                 runs[layout].append(tokens / seconds)
                 print(
-                    f"{path.name} {profile} repeat {rnd}: {layout}: {seconds:.1f} s",
+                    f"{path.name} {profile} repeat {rnd}: {layout}: {seconds:.3f} s",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -1,7 +1,8 @@
-"""The packed layout (each unique prompt once, its responses after it, a block-causal mask, one
-row without padding) against full prompt + response rows and the shared-prompt layout: the same
-log-probs of every trained token, the same loss and gradients, episodes' environment tokens still
-outside the loss, token-balanced micro-batches, and the combinations it refuses."""
+"""The packed layout (each unique prompt once, its responses after it, a block-causal mask, a few
+rows as wide as the largest prompt block, no padding inside them) against full prompt + response
+rows and the shared-prompt layout: the same log-probs of every trained token, the same loss and
+gradients, episodes' environment tokens still outside the loss, token-balanced micro-batches, and
+the combinations it refuses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import torch
 from test_model_inputs import make_row, random_rows, token_logprobs
 
 from zbrl.training.model_inputs import block_causal_allowed
-from zbrl.training.rows import MicroBatching, collate, packed_tokens, plan_packed, row_shape, split
+from zbrl.training.rows import (
+    MicroBatching,
+    collate,
+    packed_row_plan,
+    packed_tokens,
+    plan_packed,
+    row_shape,
+    split,
+)
 
 
 def test_packed_row_tensors():
@@ -19,41 +28,79 @@ def test_packed_row_tensors():
         make_row([6], [7, 8, 9]),
         make_row([1, 2, 3], [10]),
         make_row([6], []),
+        make_row([11], [12]),
     ]
     mb = collate(rows, pad_id=99, packed=True)
     p = mb.packed
-    # prompt [1,2,3], response [4,5] but its last token, response [10] (nothing fed), prompt [6]...
-    assert p.input_ids_1N.tolist() == [[1, 2, 3, 4, 6, 7, 8]]
-    assert p.position_ids_1N.tolist() == [[0, 1, 2, 3, 0, 1, 2]]
-    assert p.group_N.tolist() == [0, 0, 0, 0, 1, 1, 1]
-    assert p.block_N.tolist() == [-1, -1, -1, 0, -1, 1, 1]
-    assert p.keep_K.tolist() == [2, 3, 4, 5, 6]  # position 0 and 1 predict nothing trained
-    # targets 4 and 10 are predicted by the prompt's last position (kept index 0)
-    assert p.gather_BR.tolist() == [[0, 1, 0], [2, 3, 4], [0, 0, 0], [0, 0, 0]]
-    assert mb.targets_BT.tolist() == [[4, 5, 99], [7, 8, 9], [10, 99, 99], [99, 99, 99]]
+    # block A: prompt [1,2,3], response [4,5] but its last token, response [10] (nothing fed): 4
+    # tokens, the widest, so rows are 4 wide; block B: prompt [6], response [7,8,9] fed [7,8],
+    # the empty response: 3 tokens, its own row; block C: prompt [11] (response [12] feeds
+    # nothing): 1 token, after B, which it fits beside
+    assert p.input_ids_PN.tolist() == [[1, 2, 3, 4], [6, 7, 8, 11]]
+    assert p.position_ids_PN.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0]]
+    assert p.group_PN.tolist() == [[0, 0, 0, 0], [1, 1, 1, 2]]
+    assert p.block_PN.tolist() == [[-1, -1, -1, 0], [-1, 1, 1, -1]]
+    assert p.keep_K.tolist() == [0, 1, 2, 3]  # every column predicts something in some row
+    # the flat index row * 4 + column; targets 4 and 10 are predicted by A's last prompt column
+    assert p.gather_BR.tolist() == [[2, 3, 0], [4, 5, 6], [2, 0, 0], [0, 0, 0], [7, 0, 0]]
+    assert mb.targets_BT.tolist() == [
+        [4, 5, 99],
+        [7, 8, 9],
+        [10, 99, 99],
+        [99, 99, 99],
+        [12, 99, 99],
+    ]
     assert mb.mask_BT.tolist() == [
         [True, True, False],
         [True, True, True],
         [True, False, False],
         [False, False, False],
+        [True, False, False],
     ]
-    assert packed_tokens([row_shape(r) for r in rows]) == 7
+    assert packed_tokens([row_shape(r) for r in rows]) == 8
+
+
+def test_packed_rows_are_padded_and_keep_only_predicting_columns():
+    rows = [make_row([1, 2, 3], [4, 5, 6]), make_row([7, 8], [9]), make_row([7, 8], [])]
+    p = collate(rows, pad_id=99, packed=True).packed
+    # block [1,2,3,4,5] (5 tokens) then block [7,8] (2: its responses feed nothing) in a row of
+    # its own, padded; column 0 predicts nothing in either row
+    assert p.input_ids_PN.tolist() == [[1, 2, 3, 4, 5], [7, 8, 99, 99, 99]]
+    assert p.group_PN.tolist() == [[0, 0, 0, 0, 0], [1, 1, -1, -1, -1]]
+    assert p.block_PN.tolist() == [[-1, -1, -1, 0, 0], [-1, -1, -2, -2, -2]]
+    assert p.keep_K.tolist() == [1, 2, 3, 4]
+    assert p.gather_BR.tolist() == [[1, 2, 3], [4, 0, 0], [0, 0, 0]]
+
+
+def test_packed_row_plan_is_first_fit_decreasing_within_the_largest_block():
+    assert packed_row_plan([5]) == [0]
+    # 9 fills row 0 (rows are 9 wide); 6 opens row 1 and 3 fits beside it; 2 and 1 fit in
+    # neither and share row 2
+    assert packed_row_plan([3, 9, 2, 6, 1]) == [1, 0, 2, 1, 2]
+    assert packed_row_plan([4, 4, 4, 4]) == [0, 1, 2, 3]  # equal blocks: a row each
+    assert packed_row_plan([4, 1, 1, 1, 1]) == [0, 1, 1, 1, 1]
 
 
 def test_block_causal_mask():
-    # prompt A (2), response 0 (2), response 1 (1), prompt B (1), response 2 (1)
-    group = torch.tensor([0, 0, 0, 0, 0, 1, 1])
-    block = torch.tensor([-1, -1, 0, 0, 1, -1, 2])
-    allowed = block_causal_allowed(group, block)[0, 0].int().tolist()
-    assert allowed == [
-        [1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0],  # response 1 sees the prompt and itself, not response 0
-        [0, 0, 0, 0, 0, 1, 0],  # prompt B sees nothing of group A
-        [0, 0, 0, 0, 0, 1, 1],
+    # prompt A (2), response 0 (2), response 1 (1), prompt B (1), response 2 (1), padding (2)
+    group = torch.tensor([[0, 0, 0, 0, 0, 1, 1, -1, -1]])
+    block = torch.tensor([[-1, -1, 0, 0, 1, -1, 2, -2, -2]])
+    allowed = block_causal_allowed(group, block)
+    assert allowed.shape == (1, 1, 9, 9)
+    assert allowed[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 0, 0],  # response 1 sees the prompt and itself, not response 0
+        [0, 0, 0, 0, 0, 1, 0, 0, 0],  # prompt B sees nothing of group A
+        [0, 0, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 1, 0],  # padding sees padding only, so never nothing
+        [0, 0, 0, 0, 0, 0, 0, 1, 1],
     ]
+    # rows are independent: the same tokens in a second row give the same mask
+    two = block_causal_allowed(group.repeat(2, 1), block.repeat(2, 1))
+    assert two.shape == (2, 1, 9, 9) and torch.equal(two[1], allowed[0])
 
 
 def episode_rows(vocab: int) -> list:
@@ -93,6 +140,9 @@ def test_packed_gives_full_row_logprobs_loss_and_gradients(tiny_model_dir, seed,
     )
     model.train()
     rows = random_rows(model.config.vocab_size, seed)
+    packed = collate(rows, pad_id=0, packed=True).packed
+    assert packed.input_ids_PN.shape[0] > 1  # several packed rows,
+    assert (packed.group_PN == -1).any()  # with padding
     results = layout_results(model, rows, ("full", "shared", "packed"))
     logp_full, loss_full, grads_full = results["full"]
     assert logp_full.numel() == sum(int(r.response_ids.numel()) for r in rows if r.trained)

@@ -248,7 +248,7 @@ def check_lora(cfg: RunSections) -> None:
 
 
 def check_packing(cfg: RunSections) -> None:
-    """The packed layout runs the policy (and reference) models on one block-masked row."""
+    """The packed layout runs the policy (and reference) models on block-masked packed rows."""
     t = cfg.training
     if not t.packing:
         return

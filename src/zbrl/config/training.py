@@ -79,12 +79,14 @@ class TrainingConfig(Section):
     rows (the value model does not take a cache), and so it does under context parallelism
     (``training.engine.context_parallel_size`` > 1, docs/scaling.md)."""
     packing: bool = False
-    """Pack each micro-batch into one row without padding: each unique prompt once, followed by
-    its responses, a block-causal mask letting each response token see its prompt and the earlier
-    tokens of its own response only, positions restarting per response at the prompt's length.
-    The same log-probs, loss and gradients as full rows, with the work of the tokens alone (no
-    padding, no repeated prompt). With ``train_microbatch_tokens`` set, that budget counts packed
-    tokens and ``train_microbatch_size`` does not cap the rows; without it, micro-batches are
+    """Pack each micro-batch into a few rows without padding inside them: each unique prompt
+    once, followed by its responses, one block per prompt, blocks placed largest first into rows
+    as wide as the largest block; a block-causal mask lets each response token see its prompt and
+    the earlier tokens of its own response only, positions restarting per response at the
+    prompt's length. The same log-probs, loss and gradients as full rows, with the work of the
+    tokens alone (no padding between responses, no repeated prompt). With
+    ``train_microbatch_tokens`` set, that budget counts packed tokens and
+    ``train_microbatch_size`` does not cap the rows; without it, micro-batches are
     ``train_microbatch_size`` rows in ticket order. Needs SDPA or eager attention; not with
     ``algorithm.critic`` or context parallelism, and ``share_prompts`` must stay true (packing
     shares the prompt). Opt-in: see docs/performance.md for when it wins."""

@@ -16,15 +16,20 @@ gathered cache into the prompt pass (``tests/unit/test_model_inputs.py`` checks 
 gradients against full rows). The work is not: with G responses per prompt the prompt tokens go
 through the model once instead of G times (``bench/per_core_rates.py`` measures it).
 
-**Packed** (``packed`` set): the whole micro-batch is one row without padding: each unique prompt
-once, followed by its responses (each but its last token, which predicts nothing), the groups one
-after another. A block-causal mask lets a prompt token see the earlier tokens of its prompt and a
-response token see its prompt and the earlier tokens of its own response only, and the positions of
-each response restart at its prompt's length, so every response token sees exactly the keys,
-values and positions it has in its full prompt + response row. The logits of the positions that
-predict a response token (each prompt's last, every response token's) are gathered back to the
-response-aligned ``[B, R, V]`` of the shared-prompt layout, so the loss code is the same. The work
-is the sum of the tokens, not rows × the longest row (``bench/packing.py`` measures it).
+**Packed** (``packed`` set): the micro-batch goes in a few rows with no padding inside them:
+each unique prompt once, followed by its responses (each but its last token, which predicts
+nothing), one block per prompt; blocks go largest first into the first row with room, each row as
+wide as the largest block, and the rows are right-padded to that width. A block-causal mask lets a
+prompt token see the earlier tokens of its prompt and a response token see its prompt and the
+earlier tokens of its own response only, and the positions of each response restart at its
+prompt's length, so every response token sees exactly the keys, values and positions it has in its
+full prompt + response row. The mask is dense, so attention costs rows × width² (blocked entries
+included): rows as wide as one block keep that near the shared-prompt layout's on many short
+groups, where one row of every token would make attention most of the step. The logits of the
+columns that predict a response token in some row (each prompt's last, every response token's)
+are gathered back to the response-aligned ``[B, R, V]`` of the shared-prompt layout, so the loss
+code is the same. The work is the sum of the tokens (plus the rows' tail padding), not rows × the
+longest row (``bench/packing.py`` measures it).
 """
 
 from __future__ import annotations
@@ -46,52 +51,55 @@ class SharedPrompts:
 
 
 @dataclass(frozen=True)
-class PackedRow:
-    """A micro-batch packed into one row of ``N`` tokens (see the module's docstring)."""
+class PackedRows:
+    """A micro-batch packed into ``P`` rows of ``N`` tokens (see the module's docstring)."""
 
-    input_ids_1N: torch.Tensor  # int64
-    position_ids_1N: torch.Tensor  # int64: a response's restart at its prompt's length
-    group_N: torch.Tensor  # int64: which prompt block each token belongs to
-    block_N: torch.Tensor  # int64: -1 on prompt tokens, the row's index on response tokens
-    keep_K: torch.Tensor  # int64: the positions whose logits predict a response token
-    gather_BR: torch.Tensor  # int64 [B, R]: index into keep_K of each target (0 at padding)
+    input_ids_PN: torch.Tensor  # int64
+    position_ids_PN: torch.Tensor  # int64: a response's restart at its prompt's length
+    group_PN: torch.Tensor  # int64: which prompt block each token belongs to (-1 at padding)
+    block_PN: torch.Tensor  # int64: -1 on prompt tokens, the row's index on response tokens
+    keep_K: torch.Tensor  # int64: the columns whose logits predict a response token in some row
+    gather_BR: torch.Tensor  # int64 [B, R]: index into the flat [P * K] kept logits of each
+    # target (0 at padding)
 
-    def to(self, device: torch.device) -> PackedRow:
-        return PackedRow(
-            input_ids_1N=self.input_ids_1N.to(device),
-            position_ids_1N=self.position_ids_1N.to(device),
-            group_N=self.group_N.to(device),
-            block_N=self.block_N.to(device),
+    def to(self, device: torch.device) -> PackedRows:
+        return PackedRows(
+            input_ids_PN=self.input_ids_PN.to(device),
+            position_ids_PN=self.position_ids_PN.to(device),
+            group_PN=self.group_PN.to(device),
+            block_PN=self.block_PN.to(device),
             keep_K=self.keep_K.to(device),
             gather_BR=self.gather_BR.to(device),
         )
 
 
-def block_causal_allowed(group_N: torch.Tensor, block_N: torch.Tensor) -> torch.Tensor:
-    """bool ``[1, 1, N, N]``: query ``q`` may attend key ``k`` when ``k`` is not after ``q``,
-    in the same prompt block, and either a prompt token or a token of ``q``'s own response."""
-    n = group_N.shape[0]
-    positions = torch.arange(n, device=group_N.device)
+def block_causal_allowed(group_PN: torch.Tensor, block_PN: torch.Tensor) -> torch.Tensor:
+    """bool ``[P, 1, N, N]``: in each row, query ``q`` may attend key ``k`` when ``k`` is not
+    after ``q``, in the same prompt block, and either a prompt token or a token of ``q``'s own
+    response."""
+    n = group_PN.shape[1]
+    positions = torch.arange(n, device=group_PN.device)
     causal_NN = positions[None, :] <= positions[:, None]
-    same_group_NN = group_N[None, :] == group_N[:, None]
-    own_NN = (block_N[None, :] == -1) | (block_N[None, :] == block_N[:, None])
-    return (causal_NN & same_group_NN & own_NN)[None, None]
+    keys_P1N, queries_PN1 = group_PN[:, None, :], group_PN[:, :, None]
+    blocks_P1N = block_PN[:, None, :]
+    own_PNN = (blocks_P1N == -1) | (blocks_P1N == block_PN[:, :, None])
+    return (causal_NN & (keys_P1N == queries_PN1) & own_PNN)[:, None]
 
 
 MASKED_IMPLEMENTATIONS = ("sdpa", "eager")
 """Attention implementations that take the packed layout's 4-D mask."""
 
 
-def packed_attention_mask(model: torch.nn.Module, allowed_11NN: torch.Tensor) -> torch.Tensor:
+def packed_attention_mask(model: torch.nn.Module, allowed_P1NN: torch.Tensor) -> torch.Tensor:
     """The block-causal mask in the form ``model``'s attention takes a 4-D mask: boolean for
     SDPA, additive (0 or the float32 minimum) for eager attention."""
     inner = getattr(model, "module", model)  # DDP keeps the model as .module
     implementation = inner.config._attn_implementation
     if implementation == "sdpa":
-        return allowed_11NN
+        return allowed_P1NN
     if implementation == "eager":
         blocked = torch.finfo(torch.float32).min
-        return torch.where(allowed_11NN, 0.0, blocked).to(torch.float32)
+        return torch.where(allowed_P1NN, 0.0, blocked).to(torch.float32)
     raise ValueError(
         "training.packing needs attention that takes a 4-D mask "
         f"({', '.join(MASKED_IMPLEMENTATIONS)}); the model runs {implementation!r}: set "
@@ -107,7 +115,7 @@ class ModelInputs:
     input_ids_BT: torch.Tensor
     attention_BT: torch.Tensor
     prompts: SharedPrompts | None = None
-    packed: PackedRow | None = None
+    packed: PackedRows | None = None
 
     def to(self, device: torch.device) -> ModelInputs:
         prompts = self.prompts
@@ -169,12 +177,12 @@ def _shared_prompt_logits(
     return torch.cat([first.logits[index_B, -1:], rest.logits[:, :-1]], dim=1)
 
 
-def _packed_logits(model: torch.nn.Module, packed: PackedRow) -> torch.Tensor:
-    allowed = block_causal_allowed(packed.group_N, packed.block_N)
+def _packed_logits(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
+    allowed = block_causal_allowed(packed.group_PN, packed.block_PN)
     out = model(
-        input_ids=packed.input_ids_1N,
+        input_ids=packed.input_ids_PN,
         attention_mask=packed_attention_mask(model, allowed),
-        position_ids=packed.position_ids_1N,
+        position_ids=packed.position_ids_PN,
         logits_to_keep=packed.keep_K,  # the prompts' other positions predict nothing trained
     )
-    return out.logits[0][packed.gather_BR]
+    return out.logits.flatten(0, 1)[packed.gather_BR]

@@ -1,5 +1,5 @@
 """Turn RolloutGroups into training rows and micro-batches: right-padded per micro-batch (never
-to the batch's global maximum), or packed into one row without padding."""
+to the batch's global maximum), or packed into a few rows with no padding inside them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from zbrl.algorithms.filters import group_in_accuracy_range
 from zbrl.models.kv_cache import left_pad
-from zbrl.training.model_inputs import ModelInputs, PackedRow, SharedPrompts
+from zbrl.training.model_inputs import ModelInputs, PackedRows, SharedPrompts
 from zbrl.types import RolloutGroup
 
 
@@ -70,7 +70,7 @@ class MicroBatch:
     advantages_BT: torch.Tensor | None = None
     prompts: SharedPrompts | None = None
     """Set in the shared-prompt layout: ``input_ids_BT`` are then the responses alone."""
-    packed: PackedRow | None = None
+    packed: PackedRows | None = None
     """Set in the packed layout: ``input_ids_BT`` are then the responses alone (not run)."""
 
     def model_inputs(self) -> ModelInputs:
@@ -119,13 +119,14 @@ def collate(
 ) -> MicroBatch:
     """Right-pad ``rows`` to their own longest sequence: full rows (prompt + response), or with
     ``share_prompts`` the responses alone on top of the micro-batch's unique prompts; or with
-    ``packed`` all of them in one row without padding, the targets still the right-padded
-    responses (see :mod:`zbrl.training.model_inputs`). The per-token tensors are aligned with
-    the targets."""
+    ``packed`` all of them in a few packed rows (:func:`pack_rows`), the targets still the
+    right-padded responses (see :mod:`zbrl.training.model_inputs`). The per-token tensors are
+    aligned with the targets."""
     packed_row = None
     if packed:
         input_ids, attention, _ = _response_layout(rows, pad_id)
-        targets, prompts, packed_row = input_ids, None, pack_rows(rows, input_ids.shape[1])
+        targets, prompts = input_ids, None
+        packed_row = pack_rows(rows, input_ids.shape[1], pad_id)
     elif share_prompts:
         input_ids, attention, prompts = _response_layout(rows, pad_id)
         targets = input_ids
@@ -190,52 +191,92 @@ def _response_layout(
     return responses, _right_mask(lengths, responses.shape[1]), prompts
 
 
-def pack_rows(rows: list[Row], width: int) -> PackedRow:
-    """``rows`` in one row: each unique prompt (first seen first) followed by its rows'
-    responses but their last tokens; ``width`` is the targets' (the longest response, ≥ 1)."""
+def pack_rows(rows: list[Row], width: int, pad_id: int) -> PackedRows:
+    """``rows`` packed into a few rows: each unique prompt (first seen first) followed by its
+    rows' responses but their last tokens is one block; blocks go largest first into the first
+    row with room (first-fit decreasing), every row as wide as the largest block (see
+    :func:`packed_row_plan`), right-padded. ``width`` is the targets' (the longest response,
+    ≥ 1)."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(tuple(r.prompt_ids), []).append(i)
-    ids: list[torch.Tensor] = []
-    positions: list[torch.Tensor] = []
-    group: list[torch.Tensor] = []
-    block: list[torch.Tensor] = []
-    predictor_BR = torch.zeros((len(rows), width), dtype=torch.long)  # position predicting each
-    prompt_lasts: list[int] = []  # the prompts' last positions that predict a first token
-    offset = 0
-    for g, (prompt, members) in enumerate(by_prompt.items()):
-        p = len(prompt)
-        ids.append(torch.tensor(prompt, dtype=torch.long))
-        positions.append(torch.arange(p))
-        group.append(torch.full((p,), g))
-        block.append(torch.full((p,), -1))
+    blocks = list(by_prompt.items())
+    sizes = [
+        len(prompt) + sum(max(int(rows[i].response_ids.numel()) - 1, 0) for i in members)
+        for prompt, members in blocks
+    ]
+    row_of_block = packed_row_plan(sizes)
+    n_rows, n = max(row_of_block) + 1, max(sizes)
+    ids_PN = torch.full((n_rows, n), pad_id, dtype=torch.long)
+    positions_PN = torch.zeros((n_rows, n), dtype=torch.long)
+    group_PN = torch.full((n_rows, n), -1, dtype=torch.long)  # padding: a group of its own
+    block_PN = torch.full((n_rows, n), PADDING_BLOCK, dtype=torch.long)
+    predictor_row_B = torch.zeros(len(rows), dtype=torch.long)
+    predictor_col_BR = torch.zeros((len(rows), width), dtype=torch.long)  # column predicting each
+    fill = [0] * n_rows  # tokens placed in each row
+    prompt_lasts: list[tuple[int, int]] = []  # (row, column) of prompt ends predicting a token
+    for g, ((prompt, members), p_row) in enumerate(zip(blocks, row_of_block, strict=True)):
+        p, offset = len(prompt), fill[p_row]
+        ids_PN[p_row, offset : offset + p] = torch.tensor(prompt, dtype=torch.long)
+        positions_PN[p_row, offset : offset + p] = torch.arange(p)
+        group_PN[p_row, offset : offset + sizes[g]] = g
+        block_PN[p_row, offset : offset + p] = -1
         prompt_last, offset = offset + p - 1, offset + p
         for i in members:
             fed = rows[i].response_ids[:-1]  # the last token predicts nothing trained
-            n = int(fed.numel())
-            ids.append(fed)
-            positions.append(torch.arange(p, p + n))
-            group.append(torch.full((n,), g))
-            block.append(torch.full((n,), i))
-            length = int(rows[i].response_ids.numel())
-            if length:
-                prompt_lasts.append(prompt_last)
-                predictor_BR[i, 0] = prompt_last
-                predictor_BR[i, 1:length] = torch.arange(offset, offset + n)
-            offset += n
-    block_N = torch.cat(block).long()
-    keep_N = block_N >= 0
-    keep_N[prompt_lasts] = True
-    keep_K = keep_N.nonzero()[:, 0]
-    index_of_N = keep_N.long().cumsum(0) - 1  # kept position -> its index in keep_K
-    return PackedRow(
-        input_ids_1N=torch.cat(ids).long()[None],
-        position_ids_1N=torch.cat(positions).long()[None],
-        group_N=torch.cat(group).long(),
-        block_N=block_N,
+            k = int(fed.numel())
+            ids_PN[p_row, offset : offset + k] = fed
+            positions_PN[p_row, offset : offset + k] = torch.arange(p, p + k)
+            block_PN[p_row, offset : offset + k] = i
+            if rows[i].response_ids.numel():
+                prompt_lasts.append((p_row, prompt_last))
+                predictor_row_B[i] = p_row
+                predictor_col_BR[i, 0] = prompt_last
+                predictor_col_BR[i, 1 : k + 1] = torch.arange(offset, offset + k)
+            offset += k
+        fill[p_row] = offset
+    # a column's logits are kept when it predicts a response token in some row
+    predicts_PN = block_PN >= 0
+    predicts_PN[tuple(torch.tensor(prompt_lasts, dtype=torch.long).reshape(-1, 2).T)] = True
+    kept_N = predicts_PN.any(0)
+    keep_K = kept_N.nonzero()[:, 0]
+    index_of_N = kept_N.long().cumsum(0) - 1  # kept column -> its index in keep_K
+    lengths_B = torch.tensor([int(r.response_ids.numel()) for r in rows], dtype=torch.long)
+    targeted_BR = torch.arange(width)[None, :] < lengths_B[:, None]
+    gather_BR = predictor_row_B[:, None] * keep_K.numel() + index_of_N[predictor_col_BR]
+    return PackedRows(
+        input_ids_PN=ids_PN,
+        position_ids_PN=positions_PN,
+        group_PN=group_PN,
+        block_PN=block_PN,
         keep_K=keep_K,
-        gather_BR=index_of_N[predictor_BR].clamp_min(0),
+        gather_BR=torch.where(targeted_BR, gather_BR, 0),
     )
+
+
+PADDING_BLOCK = -2
+"""``block_PN`` of a packed row's padding: it sees only the padding before it (never empty, so
+attention stays finite), and no real token sees it."""
+
+
+def packed_row_plan(sizes: list[int]) -> list[int]:
+    """The packed row of each block of ``sizes`` tokens: largest first (ties in order), each
+    into the first row whose tokens stay within the largest block's. Rows then hold whole
+    blocks and are about as wide as the largest: attention, whose mask is dense, costs rows ×
+    width² instead of one row's (all tokens)², and padding stays under one block per row."""
+    width = max(sizes)
+    used: list[int] = []
+    row_of = [0] * len(sizes)
+    for b in sorted(range(len(sizes)), key=lambda b: (-sizes[b], b)):
+        for r, tokens in enumerate(used):
+            if tokens + sizes[b] <= width:
+                used[r] += sizes[b]
+                row_of[b] = r
+                break
+        else:
+            used.append(sizes[b])
+            row_of[b] = len(used) - 1
+    return row_of
 
 
 def _right_mask(lengths: list[int], width: int) -> torch.Tensor:
@@ -274,7 +315,7 @@ class MicroBatching:
     """Run each micro-batch's unique prompts once, the responses on top of them (the
     shared-prompt layout of :mod:`zbrl.training.model_inputs`); False: full rows."""
     packing: bool = False
-    """Pack each micro-batch into one row without padding (the packed layout of
+    """Pack each micro-batch into a few rows without padding inside them (the packed layout of
     :mod:`zbrl.training.model_inputs`); ``tokens`` then budgets packed tokens (see
     :func:`plan_packed`)."""
 
@@ -291,8 +332,8 @@ def row_shape(row: Row) -> RowShape:
 
 
 def packed_tokens(shapes: list[RowShape]) -> int:
-    """Tokens of ``shapes`` packed in one row: each unique prompt once, each response but its
-    last token (:func:`pack_rows`)."""
+    """Tokens of ``shapes`` packed: each unique prompt once, each response but its last token
+    (:func:`pack_rows`; its rows' padding not counted)."""
     prompts = {s.prompt for s in shapes}
     return sum(len(p) for p in prompts) + sum(max(s.response - 1, 0) for s in shapes)
 
