@@ -88,7 +88,8 @@ class RolloutGroup:
 
     @property
     def group_size(self) -> int:
-        return len(self.response_lengths)
+        lengths = self._packed_lengths()
+        return len(lengths) if lengths is not None else len(self.response_ids)
 
     def versions(self, g: int) -> torch.Tensor:
         """int64 [L_g]: the version of each token of completion ``g``."""
@@ -102,13 +103,14 @@ class RolloutGroup:
         # One flat array per field instead of 2·G small tensors: pickling (Ray's wire format)
         # pays a fixed cost per tensor, which dominated the producer's push time for short
         # responses. NumPy arrays, so that a process can unpickle a group without torch.
+        lengths = self.response_lengths  # every per-token field has the responses' lengths
         state = dict(self.__dict__)
         packed = state.pop(_PACKED_STATE, {})
         for key, dtype in PACKED_FIELDS.items():
             if key in packed:  # never unpacked here: passed on as it came
                 state[key] = packed[key]
             elif state.get(key) is not None:
-                state[key] = _flat_arrays(state[key], dtype)
+                state[key] = (_flat_array(state[key], dtype), lengths)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -117,7 +119,7 @@ class RolloutGroup:
             value = state.pop(key, None)  # optional fields unset (or absent from older pickles)
             if value is None:
                 state[key] = None
-            elif _is_tensor(value[0]):  # a pickle of an older zbrl: flat tensors
+            elif is_tensor(value[0]):  # a pickle of an older zbrl: flat tensors
                 state[key] = _split(*value)
             else:
                 packed[key] = value  # unpacked on first use (__getattr__)
@@ -142,10 +144,18 @@ class RolloutGroup:
 
     @property
     def response_lengths(self) -> list[int]:
-        packed = self.__dict__.get(_PACKED_STATE)
-        if packed is not None and "response_ids" in packed:
-            return list(packed["response_ids"][1])
+        lengths = self._packed_lengths()
+        if lengths is not None:
+            return list(lengths)
         return [int(t.numel()) for t in self.response_ids]
+
+    def _packed_lengths(self) -> list[int] | None:
+        """The responses' lengths while ``response_ids`` is still packed (None once unpacked,
+        or for a group that was never pickled)."""
+        packed = self.__dict__.get(_PACKED_STATE)
+        if packed is None or "response_ids" not in packed:
+            return None
+        return packed["response_ids"][1]
 
     @property
     def mean_ans_acc(self) -> float:
@@ -205,29 +215,30 @@ _PACKED_STATE = "_packed"
 """The instance attribute holding an unpickled group's fields that were not used yet."""
 
 
-def _flat_arrays(tensors: list[torch.Tensor], dtype: str) -> tuple[Any, list[int]]:
-    """``tensors`` (G 1-D tensors) as one flat NumPy array of ``dtype`` and their lengths."""
+def _flat_array(tensors: list[torch.Tensor], dtype: str) -> Any:
+    """``tensors`` (G 1-D tensors) as one flat NumPy array of ``dtype``."""
     import numpy as np
 
-    lengths = [int(t.numel()) for t in tensors]
     if not tensors:
-        return np.empty(0, dtype=dtype), lengths
+        return np.empty(0, dtype=dtype)
     import torch  # the tensors exist: torch is imported already
 
     flat = torch.cat([t.reshape(-1) for t in tensors]).to(device="cpu", dtype=getattr(torch, dtype))
-    return flat.numpy(), lengths
+    return flat.numpy()
 
 
 def _split(flat: Any, lengths: list[int]) -> list[torch.Tensor]:
     """The G tensors back from a flat array (or a flat tensor, in older pickles)."""
     import torch
 
-    if not _is_tensor(flat):
+    if not is_tensor(flat):
         # a copy: an array Ray unpickled may be a read-only view of its object store
         flat = torch.from_numpy(flat.copy())
     return list(torch.split(flat, lengths)) if lengths else []
 
 
-def _is_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")  # a tensor means torch is imported already
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor, asked without importing torch (a tensor means torch
+    is imported already): for code that runs in processes without it."""
+    torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)

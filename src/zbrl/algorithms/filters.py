@@ -12,9 +12,10 @@ driver that creates it, start without it (docs/performance.md, Start-up).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from zbrl.types import is_tensor
 
 if TYPE_CHECKING:  # the rollout buffer's process and the driver run these without torch
     import torch
@@ -38,8 +39,7 @@ def group_in_accuracy_range(
 
 def is_zero_variance(rewards_G: Sequence[float] | torch.Tensor, tol: float = 1e-8) -> bool:
     """True when all rewards of the group lie within ``tol`` of each other (max - min <= tol)."""
-    torch = sys.modules.get("torch")  # a tensor means torch is imported already
-    if torch is not None and isinstance(rewards_G, torch.Tensor):
+    if is_tensor(rewards_G):
         values = rewards_G.detach().reshape(-1).double().tolist()
     else:
         values = [float(v) for v in rewards_G]
