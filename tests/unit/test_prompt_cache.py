@@ -109,8 +109,12 @@ def test_a_start_that_takes_an_entry_keeps_it_over_newer_unused_ones(start, monk
     os.utime(used_path, (1_000, 1_000))  # written long ago
     other, other_artifacts = start("data.max_prompts=11")
     inputs.encode_datasets(other, other_artifacts)
+    other_path = prompt_cache.entry_path(other, prompt_cache.cache_key(other, other_artifacts))
+    # written later than `used`, but explicitly in the past: file times are as coarse as the
+    # kernel's tick, so "now" could tie with the touch below (CI saw exactly that tie)
+    os.utime(other_path, (2_000, 2_000))
     inputs.encode_datasets(used, used_artifacts)  # taken again: marked used
-    assert used_path.stat().st_mtime > 1_000
+    assert used_path.stat().st_mtime > 2_000
     newest, newest_artifacts = start("data.max_prompts=12")
     inputs.encode_datasets(newest, newest_artifacts)
     kept = {p.name for p in used_path.parent.glob("*.json")}
