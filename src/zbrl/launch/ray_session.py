@@ -21,6 +21,7 @@ reaches the workers: see docs/survival.md for the settings that send it to the d
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,3 +126,40 @@ def workers_start_at_once(limit: int = WORKER_STARTS_AT_ONCE) -> Iterator[bool]:
         yield True
     finally:
         services.start_ray_process = original
+
+
+@contextlib.contextmanager
+def light_worker_setup() -> Iterator[bool]:
+    """While inside, a local raylet starts each Python worker through
+    :mod:`zbrl.launch.worker_exec` instead of Ray's ``setup_worker.py``; yields False (and
+    changes nothing) when this Ray version's ``start_raylet`` takes no ``setup_worker_path``.
+
+    Ray's program imports Ray (0.55 CPU-s) only to apply the runtime environment's context and
+    hand over to ``default_worker.py``, which imports Ray again; zbrl's does the same with the
+    standard library, and hands anything it does not know back to Ray's (docs/performance.md,
+    Start-up)."""
+    try:
+        from ray._private import services
+    except ImportError:
+        yield False
+        return
+    original = getattr(services, "start_raylet", None)
+    try:
+        signature = inspect.signature(original) if original is not None else None
+    except (TypeError, ValueError):
+        signature = None
+    if signature is None or "setup_worker_path" not in signature.parameters:
+        yield False
+        return
+    from zbrl.launch import worker_exec
+
+    def start_raylet(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["setup_worker_path"] = worker_exec.__file__
+        return original(*bound.args, **bound.kwargs)
+
+    services.start_raylet = start_raylet
+    try:
+        yield True
+    finally:
+        services.start_raylet = original

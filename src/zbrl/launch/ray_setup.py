@@ -26,7 +26,13 @@ from typing import Generic, TypeVar
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-from zbrl.launch.ray_session import lean_local_head, ray_in_own_session, workers_start_at_once
+from zbrl.launch.ray_session import (
+    lean_local_head,
+    light_worker_setup,
+    ray_in_own_session,
+    workers_start_at_once,
+)
+from zbrl.launch.worker_forkserver import start_fork_server
 
 LOOPBACK = "127.0.0.1"
 # Read by Ray: the first at import (ray_constants.ENABLE_RAY_CLUSTER), the second by ray.init.
@@ -91,20 +97,41 @@ def start_local_ray(num_cpus: int) -> None:
     """Start a new local Ray instance with ``num_cpus`` CPUs (no GPU unless CUDA is there), every
     socket on loopback; raises RunError if Ray picked another address anyway."""
     num_gpus = 0 if not _has_cuda() else None
-    # a group signal reaches the driver only; no API server or autoscaler (ray_session.py)
-    with loopback_only(), ray_in_own_session(), lean_local_head(), workers_start_at_once():
-        import ray
+    with loopback_only():
+        # started first, so that its imports run while Ray's processes start (its environment
+        # is then the one the raylet passes on to the workers)
+        server = start_fork_server()
+        try:
+            # a group signal reaches the driver only; no API server or autoscaler; workers
+            # started together, through a setup program that does not import Ray and forks
+            # them from the server (ray_session.py, worker_forkserver.py)
+            with (
+                ray_in_own_session(),
+                lean_local_head(),
+                workers_start_at_once(),
+                light_worker_setup(),
+                server.advertised() if server is not None else contextlib.nullcontext(),
+            ):
+                import ray
 
-        ray.init(
-            address="local",  # a new local instance, never a `ray start` cluster found on disk
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            _node_ip_address=LOOPBACK,
-            include_dashboard=False,
-            dashboard_host=LOOPBACK,
-            log_to_driver=True,
-            logging_level="WARNING",
-        )
+                ray.init(
+                    address="local",  # a new local instance, never a `ray start` cluster on disk
+                    num_cpus=num_cpus,
+                    num_gpus=num_gpus,
+                    _node_ip_address=LOOPBACK,
+                    include_dashboard=False,
+                    dashboard_host=LOOPBACK,
+                    log_to_driver=True,
+                    logging_level="WARNING",
+                )
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+    raylet = _raylet_pid()
+    if server is not None and raylet is not None:
+        # it ends with the raylet; otherwise (not told) with this thread
+        server.follow(raylet)
     node_ip = ray.util.get_node_ip_address()
     if node_ip != LOOPBACK:
         ray.shutdown()
@@ -112,6 +139,18 @@ def start_local_ray(num_cpus: int) -> None:
             f"the local Ray started on {node_ip} instead of {LOOPBACK}; a local run listens on "
             "loopback only (docs/cluster.md)"
         )
+
+
+def _raylet_pid() -> int | None:
+    """The pid of the raylet this process's ``ray.init`` started (None if Ray does not say)."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.worker import _global_node
+
+        infos = _global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET]
+        return int(infos[0].process.pid)
+    except (ImportError, AttributeError, KeyError, IndexError, TypeError):
+        return None
 
 
 def _ray_running() -> bool:

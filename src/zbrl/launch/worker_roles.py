@@ -11,6 +11,9 @@ import time
 _MODULE_STARTED = time.time()
 """When this module began importing: in a worker's process, the start of its ``startup`` span."""
 _MODULE_CPU = time.process_time()
+_MODULE_PID = __import__("os").getpid()
+"""The process that imported this module: another one when a worker was forked with it
+imported (:mod:`zbrl.launch.worker_forkserver`)."""
 
 import contextlib
 import os
@@ -41,6 +44,7 @@ from zbrl.launch.head_files import HeadMirror, node_run_dir
 from zbrl.launch.placement import describe_process, node_address
 from zbrl.launch.reward_workers import reward_scorer
 from zbrl.launch.shipping import ShippedDir, local_dir, local_path, on_driver_node
+from zbrl.launch.startup import process_start_time
 from zbrl.models.quiet import quiet_transformers
 from zbrl.rewards.base import prepare_reward
 from zbrl.telemetry.spans import STARTUP, SpanRecorder
@@ -58,7 +62,8 @@ class StartupTimer:
     """A worker's ``startup`` span: from its module's import (the first worker built in this
     process) or from its constructor's start, to the end of its construction; the span carries
     ``imports_s``, the seconds of each timed :meth:`part` (``<name>_s``) and ``cpu_s``, the CPU
-    seconds of the whole process over the span."""
+    seconds of the whole process over the span. A worker forked by the fork server, with this
+    module imported there, starts its span at its creation, with ``imports_s`` 0."""
 
     _first = True
 
@@ -68,8 +73,12 @@ class StartupTimer:
         self.parts: dict[str, float] = {}
         if StartupTimer._first:
             StartupTimer._first = False
-            self.began, self.parts["imports_s"] = _MODULE_STARTED, _IMPORTS_S
-            self.cpu_began = _MODULE_CPU
+            if os.getpid() == _MODULE_PID:
+                self.began, self.parts["imports_s"] = _MODULE_STARTED, _IMPORTS_S
+                self.cpu_began = _MODULE_CPU
+            else:  # forked from the fork server, this module imported: from the fork on
+                self.began = process_start_time() or self.began
+                self.parts["imports_s"], self.cpu_began = 0.0, 0.0
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
