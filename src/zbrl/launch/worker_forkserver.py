@@ -56,8 +56,17 @@ SOCKET_ENV = "ZBRL_WORKER_FORKSERVER"
 
 PRELOAD = (
     "torch",
+    "sympy",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch._dynamo",
+    "torch.distributed.tensor",
+    "transformers.utils",
     "transformers",
-    "transformers.modeling_utils",  # with core_model_loading: torch.distributed.tensor, sympy
+    "transformers.models",
+    "transformers.integrations.accelerate",
+    "transformers.integrations.deepgemm",
+    "transformers.core_model_loading",
+    "transformers.modeling_utils",
     "transformers.models.auto.tokenization_auto",
     "transformers.models.llama.modeling_llama",  # the embedded model's and SmolLM2's
     "transformers.generation.utils",
@@ -69,10 +78,11 @@ PRELOAD = (
 )
 """What the server imports, in this order, for the workers it forks (transformers loads most of
 its modules only when a model or tokenizer is first loaded, which is in every producer and
-consumer). A module that fails to import is left out: the worker imports it itself, or fails as
-it would have. Not Ray: its modules keep
-what they read when first used (the session's authentication token among them), which a server
-started before the session cannot know; each worker imports Ray itself."""
+consumer). The large imports come in parts (``transformers.modeling_utils`` alone is 2 CPU-s),
+since a worker that asks meanwhile waits for the part under way to end. A module that fails to
+import is left out: the worker imports it itself, or fails as it would have. Not Ray: its
+modules keep what they read when first used (the session's authentication token among them),
+which a server started before the session cannot know; each worker imports Ray itself."""
 
 PER_WORKER_ENV_PREFIXES = ("RAY_", "ZBRL_WORKER_FORKSERVER", "SPT_NOENV")
 """Variables that may differ between the server and a worker it forks (set by the raylet for
