@@ -419,9 +419,11 @@ def _die_with_parent() -> None:
 class ForkServer:
     """A started fork server, as the driver holds it."""
 
-    def __init__(self, process: Any, socket_path: str) -> None:
+    def __init__(self, process: Any, socket_path: str, env: dict[str, str]) -> None:
         self.process = process
         self.socket_path = socket_path
+        self.env = env
+        """The environment the server started with (a worker's may differ in Ray's only)."""
 
     @contextlib.contextmanager
     def advertised(self) -> Iterator[None]:
@@ -440,8 +442,8 @@ class ForkServer:
         """Tell the server to end with process ``pid`` (the raylet); False if it is gone."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(30)
-                sock.connect(self.socket_path)
+                sock.settimeout(30)  # answered between two of its imports
+                _connect(sock, self.socket_path)
                 send_message(sock, {"kind": "follow", "pid": pid}, [])
                 answer, _ = receive_message(sock)
             return bool(answer and answer.get("following"))
@@ -468,12 +470,14 @@ def start_fork_server() -> ForkServer | None:
 
     folder = tempfile.mkdtemp(prefix="zbrl-fork-")
     path = os.path.join(folder, "socket")
+    env = dict(os.environ)
     process = subprocess.Popen(
         [sys.executable, "-m", "zbrl.launch.worker_forkserver", path],
         stdin=subprocess.DEVNULL,
+        env=env,
         start_new_session=True,  # a signal to the driver's group is the driver's alone
     )
-    return ForkServer(process, path)
+    return ForkServer(process, path, env)
 
 
 # --- the stand-in's side (worker_exec)
@@ -485,7 +489,7 @@ def run_through_server(socket_path: str, argv: list[str]) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(2)
-        sock.connect(socket_path)
+        _connect(sock, socket_path)
         blocked = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
         ignored = [int(s) for s in signal.valid_signals() if _disposition(s) is signal.SIG_IGN]
         request = {
@@ -508,6 +512,20 @@ def run_through_server(socket_path: str, argv: list[str]) -> int | None:
         sock.close()
         return None
     return _stand_in(sock, int(answer["pid"]))
+
+
+def _connect(sock: socket.socket, socket_path: str, wait_s: float = 10.0) -> None:
+    """Connect, waiting while the socket is not there yet in a folder that is (a server that
+    has not bound it yet: its folder goes when it ends)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sock.connect(socket_path)
+            return
+        except FileNotFoundError:
+            if time.monotonic() > deadline or not os.path.isdir(os.path.dirname(socket_path)):
+                raise
+            time.sleep(0.02)
 
 
 def _disposition(signum: int) -> Any:

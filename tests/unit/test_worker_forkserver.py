@@ -1,0 +1,171 @@
+"""The workers' fork server (``zbrl.launch.worker_forkserver``) without Ray: a program started
+through ``worker_exec`` is forked by the server, gets its stand-in's arguments, directory,
+environment and streams, a process group of its own, and its end comes back as the stand-in's;
+signals reach it through the stand-in; a stand-in killed takes its worker along; a worker whose
+environment differs is started afresh instead; the server ends with the process it follows.
+Every process started here is waited for or killed by the test that started it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zbrl.launch import worker_exec, worker_forkserver
+
+REPORT = """
+import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "pid": os.getpid(),
+    "ppid": os.getppid(), "pgid": os.getpgid(0), "x": os.environ.get("ZBRL_TEST_X")}))
+sys.exit(3)
+"""
+
+WAIT_FOR_SIGTERM = """
+import os, signal, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+def on_term(signum, frame):
+    (here / "got").write_text(str(signum))
+    sys.exit(7)
+signal.signal(signal.SIGTERM, on_term)
+(here / "ready").write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+KILL_ITSELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+@pytest.fixture(scope="module")
+def server():
+    started = worker_forkserver.start_fork_server()
+    assert started is not None
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def stand_in(server, program: Path, *args: str, extra_env=None, **kwargs) -> subprocess.Popen:
+    """``worker_exec`` as the raylet starts it, for ``program``, with the server advertised."""
+    env = {**server.env, worker_forkserver.SOCKET_ENV: server.socket_path, **(extra_env or {})}
+    command = [sys.executable, worker_exec.__file__, "--language=PYTHON", str(program), *args]
+    return subprocess.Popen(command, env=env, **kwargs)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def wait_for(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_the_worker_is_forked_with_its_stand_ins_arguments_directory_and_environment(
+    server, tmp_path
+):
+    program = write(tmp_path, "report.py", REPORT)
+    proc = stand_in(
+        server, program, "--a=1", "b c", cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3  # the worker's exit code, passed on by its stand-in
+    seen = json.loads(out)  # the worker wrote to the stand-in's stdout
+    assert seen["ppid"] == server.process.pid  # forked by the server, not exec'd
+    assert seen["pid"] != proc.pid
+    assert seen["pgid"] == seen["pid"]  # its own group: the raylet signals a worker's group
+    assert seen["argv"] == ["--a=1", "b c"]
+    assert seen["cwd"] == str(tmp_path)
+
+
+def test_a_signal_to_the_stand_in_reaches_the_worker(server, tmp_path):
+    program = write(tmp_path, "wait.py", WAIT_FOR_SIGTERM)
+    proc = stand_in(server, program, str(tmp_path))
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists())
+        worker = int((tmp_path / "ready").read_text())
+        assert worker != proc.pid
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 7
+        assert (tmp_path / "got").read_text() == str(int(signal.SIGTERM))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stand_in_killed_takes_its_worker_along(server, tmp_path):
+    program = write(tmp_path, "wait.py", WAIT_FOR_SIGTERM)
+    proc = stand_in(server, program, str(tmp_path))
+    wait_for(lambda: (tmp_path / "ready").exists())
+    worker = int((tmp_path / "ready").read_text())
+    assert alive(worker)
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_for(lambda: not alive(worker), timeout_s=15)
+
+
+def test_a_worker_ended_by_a_signal_ends_its_stand_in_by_the_same_signal(server, tmp_path):
+    proc = stand_in(server, write(tmp_path, "kill.py", KILL_ITSELF))
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_a_worker_whose_environment_differs_is_started_afresh(server, tmp_path):
+    """The server's modules read their settings when imported, so a worker with other
+    variables (a runtime environment's) gets a fresh process: its stand-in execs it."""
+    program = write(tmp_path, "report.py", REPORT)
+    proc = stand_in(
+        server,
+        program,
+        extra_env={"ZBRL_TEST_X": "own"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    seen = json.loads(out)
+    assert seen["pid"] == proc.pid and seen["x"] == "own"  # the stand-in became the worker
+    assert "environment differs from the server's in ZBRL_TEST_X" in err
+
+
+def test_the_raylets_own_variables_may_differ():
+    own = {"PATH": "/bin", "RAY_RAYLET_PID": "1"}
+    asked = {"PATH": "/bin", "RAY_RAYLET_PID": "2", "ZBRL_WORKER_FORKSERVER": "/s", "X": "1"}
+    assert worker_forkserver.differing_environment(own, asked) == ["X"]
+    assert worker_forkserver.differing_environment(own, {**asked, "PATH": "/usr/bin"}) == [
+        "PATH",
+        "X",
+    ]
+
+
+def test_the_server_ends_with_the_process_it_follows():
+    followed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = worker_forkserver.start_fork_server()
+    try:
+        assert server.follow(followed.pid)
+        followed.kill()
+        followed.wait()
+        assert server.process.wait(timeout=30) == 0
+        assert not Path(server.socket_path).exists()
+        assert not Path(server.socket_path).parent.exists()
+    finally:
+        followed.kill()
+        followed.wait()
+        server.stop()
