@@ -8,6 +8,7 @@ Every process started here is waited for or killed by the test that started it."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -169,3 +170,46 @@ def test_the_server_ends_with_the_process_it_follows():
         followed.kill()
         followed.wait()
         server.stop()
+
+
+class Refused(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fork_workers", [True, False])
+def test_a_local_ray_gets_a_fork_server_unless_turned_off(monkeypatch, fork_workers):
+    """``launch.fork_workers`` decides whether ``start_local_ray`` starts a server; with one,
+    the raylet finds it (its variable is set while Ray starts) and starts no worker ahead of
+    need; a failed start stops the server again."""
+    import ray
+
+    from zbrl.launch import ray_setup
+
+    class FakeServer:
+        socket_path = "/nowhere/socket"
+        stopped = False
+
+        advertised = worker_forkserver.ForkServer.advertised
+
+        def stop(self):
+            FakeServer.stopped = True
+
+    seen = {}
+
+    def init(**kwargs):
+        seen["system_config"] = kwargs["_system_config"]
+        seen["advertised"] = os.environ.get(worker_forkserver.SOCKET_ENV)
+        raise Refused
+
+    monkeypatch.setattr(ray_setup, "start_fork_server", FakeServer)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv(worker_forkserver.SOCKET_ENV, raising=False)
+    with pytest.raises(Refused):
+        ray_setup.start_local_ray(2, fork_workers=fork_workers)
+    if fork_workers:
+        assert seen == {"system_config": ray_setup.NO_PRESTART, "advertised": "/nowhere/socket"}
+        assert FakeServer.stopped
+    else:
+        assert seen == {"system_config": None, "advertised": None}
+        assert not FakeServer.stopped
+    assert worker_forkserver.SOCKET_ENV not in os.environ

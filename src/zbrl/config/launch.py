@@ -58,6 +58,11 @@ class LaunchConfig(Section):
     write estimated from the policy's size on disk until one has been measured."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
+    fork_workers: bool = True
+    """A local Ray (no ``ray_address``) forks its worker processes from one process that has
+    imported torch and transformers while Ray started, instead of starting each afresh
+    (``launch/worker_forkserver.py``; docs/performance.md, Start-up). Off: every worker is a
+    fresh Python, as Ray starts it. A cluster given by address always starts its own."""
     lend_threads: bool = False
     """A lone consumer trains a step with the threads of the producers parked on its node for
     that whole step (admission has no room and no ticket is in flight: only the consumer's next

@@ -94,17 +94,18 @@ def init_ray(cfg: RunConfig) -> bool:
         return True
     if _ray_running():  # the caller's own ray.init (a test session's Ray, say): used as it is
         return False
-    start_local_ray(max(2, math.ceil(required_cpus(cfg)) + 1))
+    start_local_ray(max(2, math.ceil(required_cpus(cfg)) + 1), fork_workers=cfg.launch.fork_workers)
     return True
 
 
-def start_local_ray(num_cpus: int) -> None:
+def start_local_ray(num_cpus: int, fork_workers: bool = True) -> None:
     """Start a new local Ray instance with ``num_cpus`` CPUs (no GPU unless CUDA is there), every
-    socket on loopback; raises RunError if Ray picked another address anyway."""
+    socket on loopback; raises RunError if Ray picked another address anyway. ``fork_workers``:
+    its workers forked from a fork server (``launch.fork_workers``)."""
     num_gpus = 0 if not _has_cuda() else None
     # first, even before Ray is imported, so that its imports run while Ray starts (the
     # variables set for Ray below are Ray's, which the server lets differ)
-    server = start_fork_server()
+    server = start_fork_server() if fork_workers else None
     with loopback_only():
         try:
             # a group signal reaches the driver only; no API server or autoscaler; workers
