@@ -5,8 +5,9 @@ A raylet starts each Python worker as ``python setup_worker.py [--serialized-run
 JSON] [--language=PYTHON] default_worker.py ARGS``. Ray's ``setup_worker.py`` only applies the
 runtime environment's context (environment variables, a command prefix, another Python) and then
 replaces itself with ``bash -c "exec python default_worker.py ARGS"``, but to do so it imports
-Ray: 0.55 CPU-s in each of a run's five workers, imported again by ``default_worker.py`` a moment
-later, on the two cores every worker's start shares (docs/performance.md, Start-up).
+Ray (0.55 CPU-s on its own; about 0.16 CPU-s less per worker in a run, measured), which
+``default_worker.py`` imports again a moment later (docs/performance.md, Start-up). Above all,
+it is where a worker can be handed to the fork server instead of started afresh.
 
 This program does the same with ``json`` and ``os``. It hands over to Ray's own
 ``setup_worker.py`` (found beside the installed ``ray`` package, which is located, not imported)
