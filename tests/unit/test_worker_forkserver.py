@@ -84,12 +84,20 @@ def test_the_worker_is_forked_with_its_stand_ins_arguments_directory_and_environ
 ):
     program = write(tmp_path, "report.py", REPORT)
     proc = stand_in(
-        server, program, "--a=1", "b c", cwd=tmp_path, stdout=subprocess.PIPE, text=True
+        server,
+        program,
+        "--a=1",
+        "b c",
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    out, _ = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 3  # the worker's exit code, passed on by its stand-in
     seen = json.loads(out)  # the worker wrote to the stand-in's stdout
-    assert seen["ppid"] == server.process.pid  # forked by the server, not exec'd
+    assert seen["ppid"] == server.process.pid, err  # forked by the server, not exec'd
+    assert err == ""
     assert seen["pid"] != proc.pid
     assert seen["pgid"] == seen["pid"]  # its own group: the raylet signals a worker's group
     assert seen["argv"] == ["--a=1", "b c"]
@@ -144,6 +152,24 @@ def test_a_worker_whose_environment_differs_is_started_afresh(server, tmp_path):
     seen = json.loads(out)
     assert seen["pid"] == proc.pid and seen["x"] == "own"  # the stand-in became the worker
     assert "environment differs from the server's in ZBRL_TEST_X" in err
+
+
+def test_a_socket_left_by_a_server_that_is_gone_says_so_and_starts_afresh(tmp_path):
+    import socket
+
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "socket"))  # bound, never listening: as a killed server leaves it
+    try:
+        program = write(tmp_path, "report.py", REPORT)
+        env = {**os.environ, worker_forkserver.SOCKET_ENV: str(tmp_path / "socket")}
+        command = [sys.executable, worker_exec.__file__, "--language=PYTHON", str(program)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        stale.close()
+    assert done.returncode == 3
+    assert json.loads(done.stdout)["ppid"] == os.getpid()  # exec'd by its stand-in
+    assert "worker fork server: unreachable (ConnectionRefusedError" in done.stderr
+    assert "the worker starts afresh" in done.stderr
 
 
 def test_the_raylets_own_variables_may_differ():

@@ -374,16 +374,20 @@ def serve(socket_path: str) -> None:
     ends."""
     _die_with_parent()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
-    listener.listen(64)
-    server = Server(listener, allowed_threads=_thread_count())
-
-    def stop(signum: int, frame: Any) -> None:
-        server.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the driver's to handle
+    # bound under another name and renamed once listening: a stand-in finds either no socket
+    # (and waits for it) or one that takes its connection, never one that refuses it
+    binding = socket_path + ".binding"
     try:
+        listener.bind(binding)
+        listener.listen(64)
+        os.rename(binding, socket_path)
+        server = Server(listener, allowed_threads=_thread_count())
+
+        def stop(signum: int, frame: Any) -> None:
+            server.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the driver's
         for name in PRELOAD:
             server.serve_once(timeout=0)
             if server.stopping:
@@ -396,8 +400,9 @@ def serve(socket_path: str) -> None:
         server.serve()
     finally:
         listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(socket_path)
+        for path in (binding, socket_path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(socket_path))
 
@@ -503,15 +508,21 @@ def run_through_server(socket_path: str, argv: list[str]) -> int | None:
         send_message(sock, request, [0, 1, 2])
         sock.settimeout(120)  # the server answers once its imports are done
         answer, _ = receive_message(sock)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as error:
         sock.close()
+        _say(f"unreachable ({type(error).__name__}: {error})")
         return None
     if answer is None or "pid" not in answer:
-        if answer is not None and "refused" in answer:
-            print(f"[zbrl] worker fork server: {answer['refused']}", file=sys.stderr, flush=True)
+        _say(answer["refused"] if answer and "refused" in answer else "closed without an answer")
         sock.close()
         return None
     return _stand_in(sock, int(answer["pid"]))
+
+
+def _say(why: str) -> None:
+    """One line on the worker's stderr (its Ray log) saying why it starts afresh."""
+    line = f"[zbrl] worker fork server: {why}; the worker starts afresh"
+    print(line, file=sys.stderr, flush=True)
 
 
 def _connect(sock: socket.socket, socket_path: str, wait_s: float = 10.0) -> None:
