@@ -22,7 +22,8 @@ from zbrl.launch import worker_exec, worker_forkserver
 REPORT = """
 import json, os, sys
 print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "pid": os.getpid(),
-    "ppid": os.getppid(), "pgid": os.getpgid(0), "x": os.environ.get("ZBRL_TEST_X")}))
+    "ppid": os.getppid(), "pgid": os.getpgid(0), "x": os.environ.get("ZBRL_TEST_X"),
+    "ray": "ray" in sys.modules, "job": os.environ.get("RAY_JOB_ID")}))
 sys.exit(3)
 """
 
@@ -102,6 +103,35 @@ def test_the_worker_is_forked_with_its_stand_ins_arguments_directory_and_environ
     assert seen["pgid"] == seen["pid"]  # its own group: the raylet signals a worker's group
     assert seen["argv"] == ["--a=1", "b c"]
     assert seen["cwd"] == str(tmp_path)
+    assert not seen["ray"]  # Ray comes only with a worker a raylet asks for
+
+
+def test_ray_comes_with_the_first_raylets_worker_and_only_its_values_are_forked(tmp_path):
+    """Ray's modules read Ray's variables once, so the server imports Ray with the first worker
+    that a raylet starts, with that worker's values, and forks no worker with other values."""
+    server = worker_forkserver.start_fork_server()
+    program = write(tmp_path, "report.py", REPORT)
+    raylets = {"RAY_RAYLET_PID": "4242", "RAY_JOB_ID": "01000000"}
+
+    def start(ray_env):
+        proc = stand_in(
+            server, program, extra_env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 3, err
+        return proc.pid, json.loads(out), err.decode()
+
+    try:
+        _, first, err = start(raylets)
+        assert first["ppid"] == server.process.pid and first["ray"], err
+        assert first["job"] == "01000000"
+        pid, other_job, err = start({**raylets, "RAY_JOB_ID": "02000000"})
+        assert other_job["pid"] == pid and other_job["job"] == "02000000"  # started afresh
+        assert "Ray was imported here with other values of RAY_JOB_ID" in err
+        _, same, err = start(raylets)
+        assert same["ppid"] == server.process.pid and same["ray"], err
+    finally:
+        server.stop()
 
 
 def test_a_signal_to_the_stand_in_reaches_the_worker(server, tmp_path):

@@ -1,5 +1,5 @@
 """Ray's worker processes of a local run forked from one process that has already imported
-what the heavy workers import (torch, transformers, zbrl's worker roles).
+what the heavy workers import (torch, transformers, zbrl's worker roles) and Ray itself.
 
 Every worker of a run is a fresh Python, and the producer and the consumer import torch,
 transformers and zbrl's training and rollout code (3.4 CPU-s each): on two cores, the largest
@@ -29,7 +29,9 @@ How a worker starts (``ray_setup.start_local_ray`` starts the server and puts
 The server refuses a worker (and ``worker_exec`` then starts Ray's worker by ``exec``, as
 without a server) whose environment differs from the server's in anything but the variables
 the raylet sets per worker, since the server's modules read their settings at import: a
-runtime environment with its own variables gets a fresh process. It also refuses everything
+runtime environment with its own variables gets a fresh process. Ray is imported with the first
+worker a raylet asks for, and Ray's variables are held to that worker's (:data:`RAYLET_PID_ENV`).
+It also refuses everything
 when its imports left more than torch's own thread running (a fork copies one thread only).
 
 The server lives as long as the raylet it serves (it is told the raylet's pid after
@@ -80,13 +82,22 @@ PRELOAD = (
 its modules only when a model or tokenizer is first loaded, which is in every producer and
 consumer). The large imports come in parts (``transformers.modeling_utils`` alone is 2 CPU-s),
 since a worker that asks meanwhile waits for the part under way to end. A module that fails to
-import is left out: the worker imports it itself, or fails as it would have. Not Ray: its
-modules keep what they read when first used (the session's authentication token among them),
-which a server started before the session cannot know; each worker imports Ray itself."""
+import is left out: the worker imports it itself, or fails as it would have. Ray is not here:
+see :data:`RAYLET_PID_ENV`."""
+
+RAYLET_PID_ENV = "RAY_RAYLET_PID"
+"""Set by a raylet in the environment of each worker it starts. Ray's modules, its C++ core
+among them, read Ray's variables (the job's id, the authentication mode ``ray.init`` chose) once,
+when first loaded, and a server started before the session cannot know them. So the server
+imports Ray with the first worker that a raylet asks for, taking that worker's Ray variables as
+its own, and from then on forks only workers with the same values of every ``RAY_`` variable
+(the workers of one run's raylet and job); any other worker is started afresh. The first
+worker waits for that import (0.15 s with torch imported), each later one is spared its own
+(about 0.45 CPU-s)."""
 
 PER_WORKER_ENV_PREFIXES = ("RAY_", "ZBRL_WORKER_FORKSERVER", "SPT_NOENV")
 """Variables that may differ between the server and a worker it forks (set by the raylet for
-each worker, read by Ray when the worker connects, not at import)."""
+each worker; Ray's own are held to the values Ray was imported with, :data:`RAYLET_PID_ENV`)."""
 
 FORWARDED_SIGNALS = (
     signal.SIGTERM,
@@ -155,6 +166,14 @@ def differing_environment(own: dict[str, str], asked: dict[str, str]) -> list[st
     )
 
 
+def ray_variables(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith("RAY_")}
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+
+
 def _thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -173,6 +192,7 @@ class Server:
         self.children: dict[int, socket.socket] = {}
         self.started_env = dict(os.environ)  # before the imports (some set variables)
         self.watched: int | None = None  # a pidfd: the raylet's
+        self.ray_env: dict[str, str] | None = None  # Ray's variables when Ray was imported
         self.stopping = False
 
     def serve(self) -> None:
@@ -208,6 +228,8 @@ class Server:
             send_message(conn, {"following": True})
             conn.close()
             return
+        if self.ray_env is None and RAYLET_PID_ENV in request["env"]:
+            self._import_ray(request["env"])
         refusal = self._refusal(request, fds)
         if refusal is not None:
             for fd in fds:
@@ -238,9 +260,24 @@ class Server:
             return f"the server runs {threads} threads (its imports started some): forks unsafe"
         differing = differing_environment(self.started_env, request["env"])
         if differing:
-            shown = ", ".join(differing[:5]) + (" ..." if len(differing) > 5 else "")
-            return f"the worker's environment differs from the server's in {shown}"
+            return f"the worker's environment differs from the server's in {_names(differing)}"
+        if self.ray_env is not None:
+            asked, own = ray_variables(request["env"]), self.ray_env
+            differing = sorted(k for k in {*asked, *own} if asked.get(k) != own.get(k))
+            if differing:
+                return f"Ray was imported here with other values of {_names(differing)}"
         return None
+
+    def _import_ray(self, env: dict[str, str]) -> None:
+        """Import Ray with the Ray variables of ``env`` (a raylet's worker's) as this process's
+        own (:data:`RAYLET_PID_ENV`)."""
+        self.ray_env = ray_variables(env)
+        for name in ray_variables(dict(os.environ)).keys() - self.ray_env.keys():
+            del os.environ[name]
+        os.environ.update(self.ray_env)
+        self.started_env.update(self.ray_env)  # not the imports' to pass on: the worker's own
+        with contextlib.suppress(Exception):
+            import ray  # noqa: F401
 
     def set_by_imports(self) -> dict[str, str]:
         """The variables the server's imports set or changed (torch's inductor sets its cache
