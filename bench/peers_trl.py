@@ -48,7 +48,7 @@ from peerlib.curves import (
     time_to_accuracy,
 )
 from peerlib.trl_args import grpo_config_kwargs
-from peerlib.trl_reward import make_trl_reward
+from peerlib.trl_inputs import trl_dataset_and_reward
 from zbrl.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,32 +195,16 @@ def zbrl_curve(shared: Shared, run: dict[str, Any], initial: float) -> list[Curv
 
 
 def run_trl(shared: Shared, args, out: Path) -> dict[str, Any]:
-    from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from zbrl.data.prompts import as_token_ids, build_messages
 
     cfg = shared.cfg
     tokenizer = shared.tokenizer
     translation = grpo_config_kwargs(
         cfg, output_dir=str(out), max_steps=args.steps, threads=args.cores
     )
-    rows = []
-    for p in shared.train_prompts:
-        messages = build_messages(p.example, None)
-        ids = as_token_ids(
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        )
-        if ids != list(p.prompt_ids):
-            raise SystemExit(f"prompt {p.uid}: TRL's chat template tokens differ from zbrl's")
-        rows.append({"prompt": messages, "uid": p.uid})
-    dataset = Dataset.from_list(rows)
-    zbrl_reward = make_trl_reward(
-        shared.reward_fn,
-        {p.uid: p.example for p in shared.train_prompts},
-        max_new_tokens=cfg.rollout.generation.max_new_tokens,
-        eos_ids={tokenizer.eos_token_id},
+    dataset, zbrl_reward = trl_dataset_and_reward(
+        cfg, tokenizer, shared.train_prompts, shared.reward_fn
     )
     split = {"generate_s": 0.0, "prepare_s": 0.0, "generation_tokens": 0, "train_tokens": 0}
 

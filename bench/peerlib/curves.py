@@ -81,3 +81,25 @@ def per_core_rate(tokens: float, seconds: float, cores: float) -> float | None:
     if seconds <= 0 or cores <= 0:
         return None
     return tokens / seconds / cores
+
+
+def with_startup(table: dict[str, dict], starts: dict[str, float]) -> list[str]:
+    """Lines: each system's time to each target of ``table`` (``peers_trl.json``'s: system ->
+    ``time_to`` target -> training seconds or None) plus its start-up ``starts[system]``, and
+    zbrl async's lead over TRL counting start-up."""
+    targets = list(next(iter(table.values()))["time_to"])
+    lines = ["system        start s  " + "  ".join(f"t@{t} (+start)" for t in targets)]
+    totals: dict[str, dict[str, float | None]] = {}
+    for system, row in table.items():
+        start = starts[system]
+        totals[system] = {
+            t: None if row["time_to"][t] is None else row["time_to"][t] + start for t in targets
+        }
+        cells = [f"{'never':>15}" if v is None else f"{v:15.1f}" for v in totals[system].values()]
+        lines.append(f"{system:<12} {start:8.2f}  " + "  ".join(cells))
+    if "trl" in totals and "zbrl-async" in totals:
+        for t in targets:
+            lead = ratio(totals["trl"][t], totals["zbrl-async"][t])
+            if lead is not None:
+                lines.append(f"zbrl-async reaches {t} {lead:.2f}x as soon as TRL counting start-up")
+    return lines

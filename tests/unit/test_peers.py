@@ -16,6 +16,7 @@ from peerlib.curves import (
     ratio,
     steps_per_second,
     time_to_accuracy,
+    with_startup,
 )
 from peerlib.trl_args import grpo_config_kwargs
 from peerlib.trl_reward import make_trl_reward
@@ -163,3 +164,15 @@ def test_trl_reward_scores_with_the_zbrl_reward() -> None:
     # a completion that does not end with EOS is truncated: the penalty -overlong_penalty
     assert values[2] == pytest.approx(1.0 - cfg.reward.overlong_penalty)
     assert reward([], ["plain text"], [[2]], ["a"]) == [0.0]
+
+
+def test_times_to_accuracy_count_each_systems_start_up():
+    table = {
+        "trl": {"time_to": {"0.7": 27.8, "0.75": None}},
+        "zbrl-async": {"time_to": {"0.7": 16.0, "0.75": 30.0}},
+    }
+    lines = with_startup(table, {"trl": 4.8, "zbrl-async": 5.4})
+    assert lines[1].split() == ["trl", "4.80", "32.6", "never"]
+    assert lines[2].split() == ["zbrl-async", "5.40", "21.4", "35.4"]
+    # 32.6 / 21.4; 0.75 has no ratio since TRL never reached it
+    assert lines[3:] == ["zbrl-async reaches 0.7 1.52x as soon as TRL counting start-up"]
