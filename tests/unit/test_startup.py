@@ -299,3 +299,32 @@ def test_a_local_raylet_may_start_the_runs_workers_at_once(monkeypatch):
         ("raylet", ["raylet", "--maximum_startup_concurrency=16"]),
         ("gcs_server", ["gcs_server", "--port=0"]),
     ]
+
+
+def test_a_local_raylet_gets_zbrls_worker_program_where_ray_takes_one(monkeypatch):
+    """Inside ``light_worker_setup`` the raylet is started with ``worker_exec`` as its worker
+    program; a ``start_raylet`` that takes no ``setup_worker_path`` is left alone (False)."""
+    from ray._private import services
+
+    from zbrl.launch import worker_exec
+    from zbrl.launch.ray_session import light_worker_setup
+
+    seen = []
+
+    def start_raylet(redis_address, setup_worker_path="ray's", fate_share=None):
+        seen.append((redis_address, setup_worker_path, fate_share))
+
+    monkeypatch.setattr(services, "start_raylet", start_raylet)
+    with light_worker_setup() as active:
+        assert active
+        services.start_raylet("gcs", "given", fate_share=True)
+    assert services.start_raylet is start_raylet
+    assert seen == [("gcs", worker_exec.__file__, True)]
+
+    def older_start_raylet(redis_address, fate_share=None):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(services, "start_raylet", older_start_raylet)
+    with light_worker_setup() as active:
+        assert not active
+        assert services.start_raylet is older_start_raylet

@@ -22,34 +22,45 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
 @contextlib.contextmanager
-def ray_in_own_session() -> Iterator[bool]:
-    """While inside, Ray starts its processes in a new session; yields False (and changes
-    nothing) when this Ray version has no ``ray._private.services.ConsolePopen`` to wrap."""
+def _replaced_in_services(name: str, replace: Callable[[Any], Any]) -> Iterator[bool]:
+    """While inside, ``ray._private.services.<name>`` is ``replace(original)``; yields False
+    (and changes nothing) when this Ray version has no such attribute or ``replace`` gives
+    None (it does not know the original)."""
     try:
         from ray._private import services
     except ImportError:
         yield False
         return
-    original = getattr(services, "ConsolePopen", None)
-    if original is None:
+    original = getattr(services, name, None)
+    replacement = None if original is None else replace(original)
+    if replacement is None:
         yield False
         return
-
-    class OwnSessionPopen(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("start_new_session", True)
-            super().__init__(*args, **kwargs)
-
-    services.ConsolePopen = OwnSessionPopen
+    setattr(services, name, replacement)
     try:
         yield True
     finally:
-        services.ConsolePopen = original
+        setattr(services, name, original)
+
+
+def ray_in_own_session() -> contextlib.AbstractContextManager[bool]:
+    """While inside, Ray starts its processes in a new session; yields False (and changes
+    nothing) when this Ray version has no ``ray._private.services.ConsolePopen`` to wrap."""
+
+    def replace(original: Any) -> Any:
+        class OwnSessionPopen(original):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("start_new_session", True)
+                super().__init__(*args, **kwargs)
+
+        return OwnSessionPopen
+
+    return _replaced_in_services("ConsolePopen", replace)
 
 
 @contextlib.contextmanager
@@ -93,8 +104,9 @@ WORKER_STARTS_AT_ONCE = 8
 """How many worker processes a local raylet may start at the same time (see below)."""
 
 
-@contextlib.contextmanager
-def workers_start_at_once(limit: int = WORKER_STARTS_AT_ONCE) -> Iterator[bool]:
+def workers_start_at_once(
+    limit: int = WORKER_STARTS_AT_ONCE,
+) -> contextlib.AbstractContextManager[bool]:
     """While inside, a local raylet may start ``limit`` worker processes at once instead of
     ``min(cores, num_cpus)``; yields False (and changes nothing) when this Ray version starts
     its raylet otherwise.
@@ -104,32 +116,22 @@ def workers_start_at_once(limit: int = WORKER_STARTS_AT_ONCE) -> Iterator[bool]:
     began only once two others had registered, although its imports are the longest part of
     the start (docs/performance.md, Start-up). Started together, the processes share the cores
     from the first moment; the CPU they need is the same."""
-    try:
-        from ray._private import services
-    except ImportError:
-        yield False
-        return
-    original = getattr(services, "start_ray_process", None)
-    if original is None:
-        yield False
-        return
     flag = "--maximum_startup_concurrency="
 
-    def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
-        command = [
-            f"{flag}{max(limit, int(c[len(flag) :]))}" if c.startswith(flag) else c for c in command
-        ]
-        return original(command, *args, **kwargs)
+    def replace(original: Any) -> Any:
+        def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
+            command = [
+                f"{flag}{max(limit, int(c[len(flag) :]))}" if c.startswith(flag) else c
+                for c in command
+            ]
+            return original(command, *args, **kwargs)
 
-    services.start_ray_process = start_ray_process
-    try:
-        yield True
-    finally:
-        services.start_ray_process = original
+        return start_ray_process
+
+    return _replaced_in_services("start_ray_process", replace)
 
 
-@contextlib.contextmanager
-def light_worker_setup() -> Iterator[bool]:
+def light_worker_setup() -> contextlib.AbstractContextManager[bool]:
     """While inside, a local raylet starts each Python worker through
     :mod:`zbrl.launch.worker_exec` instead of Ray's ``setup_worker.py``; yields False (and
     changes nothing) when this Ray version's ``start_raylet`` takes no ``setup_worker_path``.
@@ -138,28 +140,21 @@ def light_worker_setup() -> Iterator[bool]:
     hand over to ``default_worker.py``, which imports Ray again; zbrl's does the same with the
     standard library, and hands anything it does not know back to Ray's (docs/performance.md,
     Start-up)."""
-    try:
-        from ray._private import services
-    except ImportError:
-        yield False
-        return
-    original = getattr(services, "start_raylet", None)
-    try:
-        signature = inspect.signature(original) if original is not None else None
-    except (TypeError, ValueError):
-        signature = None
-    if signature is None or "setup_worker_path" not in signature.parameters:
-        yield False
-        return
-    from zbrl.launch import worker_exec
 
-    def start_raylet(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["setup_worker_path"] = worker_exec.__file__
-        return original(*bound.args, **bound.kwargs)
+    def replace(original: Any) -> Any:
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            return None
+        if "setup_worker_path" not in signature.parameters:
+            return None
+        from zbrl.launch import worker_exec
 
-    services.start_raylet = start_raylet
-    try:
-        yield True
-    finally:
-        services.start_raylet = original
+        def start_raylet(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.arguments["setup_worker_path"] = worker_exec.__file__
+            return original(*bound.args, **bound.kwargs)
+
+        return start_raylet
+
+    return _replaced_in_services("start_raylet", replace)
