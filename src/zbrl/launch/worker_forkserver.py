@@ -31,8 +31,8 @@ without a server) whose environment differs from the server's in anything but th
 the raylet sets per worker, since the server's modules read their settings at import: a
 runtime environment with its own variables gets a fresh process. Ray is imported with the first
 worker a raylet asks for, and Ray's variables are held to that worker's (:data:`RAYLET_PID_ENV`).
-It also refuses everything
-when its imports left more than torch's own thread running (a fork copies one thread only).
+It also refuses everything when its imports left more than torch's own thread running (a fork
+copies one thread only).
 
 The server lives as long as the raylet it serves (it is told the raylet's pid after
 ``ray.init``) and never longer than the thread of the driver that started it (Linux's
@@ -50,7 +50,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 SOCKET_ENV = "ZBRL_WORKER_FORKSERVER"
@@ -157,16 +157,18 @@ def receive_message(
 # --- the server
 
 
-def differing_environment(own: dict[str, str], asked: dict[str, str]) -> list[str]:
+def differing_values(own: Mapping[str, str], asked: Mapping[str, str]) -> list[str]:
+    """The names set in one of ``own`` and ``asked`` and not to the same value in the other."""
+    return sorted(n for n in {*own, *asked} if own.get(n) != asked.get(n))
+
+
+def differing_environment(own: Mapping[str, str], asked: Mapping[str, str]) -> list[str]:
     """The variables (names) in which a worker's environment differs from the server's,
     leaving out those the raylet sets per worker."""
-    names = set(own) | set(asked)
-    return sorted(
-        n for n in names if not n.startswith(PER_WORKER_ENV_PREFIXES) and own.get(n) != asked.get(n)
-    )
+    return [n for n in differing_values(own, asked) if not n.startswith(PER_WORKER_ENV_PREFIXES)]
 
 
-def ray_variables(env: dict[str, str]) -> dict[str, str]:
+def ray_variables(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("RAY_")}
 
 
@@ -262,8 +264,7 @@ class Server:
         if differing:
             return f"the worker's environment differs from the server's in {_names(differing)}"
         if self.ray_env is not None:
-            asked, own = ray_variables(request["env"]), self.ray_env
-            differing = sorted(k for k in {*asked, *own} if asked.get(k) != own.get(k))
+            differing = differing_values(self.ray_env, ray_variables(request["env"]))
             if differing:
                 return f"Ray was imported here with other values of {_names(differing)}"
         return None
@@ -272,7 +273,7 @@ class Server:
         """Import Ray with the Ray variables of ``env`` (a raylet's worker's) as this process's
         own (:data:`RAYLET_PID_ENV`)."""
         self.ray_env = ray_variables(env)
-        for name in ray_variables(dict(os.environ)).keys() - self.ray_env.keys():
+        for name in ray_variables(os.environ).keys() - self.ray_env.keys():
             del os.environ[name]
         os.environ.update(self.ray_env)
         self.started_env.update(self.ray_env)  # not the imports' to pass on: the worker's own
