@@ -69,3 +69,34 @@ def test_a_task_with_its_own_variables_runs_in_a_fresh_worker():
     seen, value = ray.get(own.remote(), timeout=120)
     assert value == "1"
     assert "zbrl.launch.worker_forkserver" not in seen["parent"]  # the raylet's own child
+
+
+def test_the_raylets_dashboard_agent_is_zbrls_stand_in_with_its_ports_not_in_use():
+    """With Ray's minimal install the raylet runs ``ray_agent_standin`` as its dashboard agent
+    (``idle_agent_replaced``): a child of the raylet that has written -1 to the three port
+    files Ray's agent writes, and Ray came up with it (this module's other tests ran on it)."""
+    import ray
+    from ray._private import ray_constants
+    from ray._private.worker import _global_node
+    from ray._raylet import (
+        DASHBOARD_AGENT_LISTEN_PORT_NAME,
+        METRICS_AGENT_PORT_NAME,
+        METRICS_EXPORT_PORT_NAME,
+        get_port_filename,
+    )
+
+    raylet = _global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    children = Path(f"/proc/{raylet}/task/{raylet}/children").read_text().split()
+    commands = [Path(f"/proc/{c}/cmdline").read_text().split("\0") for c in children]
+    stand_ins = [c for c in commands if any(a.endswith("ray_agent_standin.py") for a in c)]
+    assert len(stand_ins) == 1, commands
+    session = _global_node.get_session_dir_path()
+    node = ray.get_runtime_context().get_node_id()
+    for name in (
+        METRICS_AGENT_PORT_NAME,
+        METRICS_EXPORT_PORT_NAME,
+        DASHBOARD_AGENT_LISTEN_PORT_NAME,
+    ):
+        path = Path(session, get_port_filename(node, name))
+        assert path.read_text() == "-1"
+        assert str(path) in stand_ins[0]

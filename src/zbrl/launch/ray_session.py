@@ -20,8 +20,14 @@ reaches the workers: see docs/survival.md for the settings that send it to the d
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import inspect
+import os
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -158,3 +164,110 @@ def light_worker_setup() -> contextlib.AbstractContextManager[bool]:
         return start_raylet
 
     return _replaced_in_services("start_raylet", replace)
+
+
+DASHBOARD_AGENT_FLAG = "--dashboard_agent_command="
+"""The raylet's argument that carries the dashboard agent's command line."""
+
+
+def idle_agent_replaced() -> contextlib.AbstractContextManager[bool]:
+    """While inside, a local raylet whose dashboard agent would run ``--minimal`` (Ray's minimal
+    install: no dashboard modules to load) starts :mod:`zbrl.launch.ray_agent_standin` in its
+    place; yields False (and changes nothing) when this Ray version does not say where the
+    agent's port files go.
+
+    That agent imports Ray only to write "not in use" to its three port files and watch the
+    raylet, and the raylet waits for those files before it registers: 0.5 CPU-s of the run's
+    start, on the path of every run (docs/performance.md, Start-up). The stand-in writes the
+    same files and watches the raylet with the standard library. An agent with modules (Ray
+    installed with its dashboard, ``ray[default]``) is left as it is."""
+    try:
+        from ray._raylet import (
+            DASHBOARD_AGENT_LISTEN_PORT_NAME,
+            METRICS_AGENT_PORT_NAME,
+            METRICS_EXPORT_PORT_NAME,
+            get_port_filename,
+        )
+    except ImportError:
+        return contextlib.nullcontext(False)
+    names = (METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME, DASHBOARD_AGENT_LISTEN_PORT_NAME)
+
+    def stand_in(agent_command: str) -> str:
+        args = shlex.split(agent_command)
+        given = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+        if "--minimal" not in args or "node-id" not in given or "session-dir" not in given:
+            return agent_command
+        files = [
+            os.path.join(given["session-dir"], get_port_filename(given["node-id"], name))
+            for name in names
+        ]
+        from zbrl.launch import ray_agent_standin
+
+        # quoted as Ray quotes the agent's command for the raylet
+        return subprocess.list2cmdline([sys.executable, "-S", ray_agent_standin.__file__, *files])
+
+    def replace(original: Any) -> Any:
+        def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
+            flag = DASHBOARD_AGENT_FLAG
+            command = [
+                f"{flag}{stand_in(c[len(flag) :])}" if c.startswith(flag) else c for c in command
+            ]
+            return original(command, *args, **kwargs)
+
+        return start_ray_process
+
+    return _replaced_in_services("start_ray_process", replace)
+
+
+def quick_dashboard_check() -> contextlib.AbstractContextManager[bool]:
+    """While inside, Ray's test of whether its dashboard's packages are installed (which decides
+    whether the dashboard agent runs ``--minimal``) first looks for each package without
+    importing any; yields False (and changes nothing) when this Ray version has no such test.
+
+    Ray's test imports them all and sees which import fails: on the minimal install, ``aiohttp``
+    (0.3 s) is imported before ``aiohttp_cors`` is found missing, in the driver, just before the
+    raylet starts. The packages are read from Ray's own list (``ray/dashboard/optional_deps.py``);
+    when every one of them is there, Ray's test runs as it is."""
+    try:
+        import ray
+        from ray._private import utils
+    except ImportError:
+        return contextlib.nullcontext(False)
+    original = getattr(utils, "get_dashboard_dependency_error", None)
+    listing = os.path.join(os.path.dirname(ray.__file__), "dashboard", "optional_deps.py")
+    if original is None or not os.path.exists(listing):
+        return contextlib.nullcontext(False)
+
+    def dependency_error() -> ImportError | None:
+        for name in imported_packages(listing):
+            if importlib.util.find_spec(name) is None:
+                return ImportError(f"No module named {name!r}", name=name)
+        return original()
+
+    return _replaced_attribute(utils, "get_dashboard_dependency_error", dependency_error)
+
+
+def imported_packages(path: str) -> list[str]:
+    """The top-level packages the Python file ``path`` imports, in order, once each."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found = [node.module]
+        else:
+            continue
+        names += [n.split(".")[0] for n in found]
+    return list(dict.fromkeys(names))
+
+
+@contextlib.contextmanager
+def _replaced_attribute(owner: Any, name: str, value: Any) -> Iterator[bool]:
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield True
+    finally:
+        setattr(owner, name, saved)

@@ -27,8 +27,10 @@ from typing import Generic, TypeVar
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
 from zbrl.launch.ray_session import (
+    idle_agent_replaced,
     lean_local_head,
     light_worker_setup,
+    quick_dashboard_check,
     ray_in_own_session,
     workers_start_at_once,
 )
@@ -110,12 +112,15 @@ def start_local_ray(num_cpus: int, fork_workers: bool = True) -> None:
         try:
             # a group signal reaches the driver only; no API server or autoscaler; workers
             # started together, through a setup program that does not import Ray and forks
-            # them from the server (ray_session.py, worker_forkserver.py)
+            # them from the server; no idle dashboard agent, and no imports to find it idle
+            # (ray_session.py, worker_forkserver.py)
             with (
                 ray_in_own_session(),
                 lean_local_head(),
                 workers_start_at_once(),
                 light_worker_setup(),
+                quick_dashboard_check(),
+                idle_agent_replaced(),
                 server.advertised() if server is not None else contextlib.nullcontext(),
             ):
                 import ray
@@ -137,8 +142,11 @@ def start_local_ray(num_cpus: int, fork_workers: bool = True) -> None:
             raise
     raylet = _raylet_pid()
     if server is not None and raylet is not None:
-        # it ends with the raylet; otherwise (not told) with this thread
-        server.follow(raylet)
+        # it ends with the raylet; otherwise (not told) with this process. Told from a thread:
+        # it answers between two of its imports (up to 2 s), which the run need not wait for
+        threading.Thread(
+            target=server.follow, args=(raylet,), name="zbrl-forkserver-follow", daemon=True
+        ).start()
     node_ip = ray.util.get_node_ip_address()
     if node_ip != LOOPBACK:
         ray.shutdown()

@@ -42,6 +42,7 @@ parent-death signal); it imports nothing but the standard library until it is st
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import selectors
@@ -80,10 +81,17 @@ PRELOAD = (
 )
 """What the server imports, in this order, for the workers it forks (transformers loads most of
 its modules only when a model or tokenizer is first loaded, which is in every producer and
-consumer). The large imports come in parts (``transformers.modeling_utils`` alone is 2 CPU-s),
-since a worker that asks meanwhile waits for the part under way to end. A module that fails to
+consumer); workers that ask meanwhile wait until the last is imported (see :func:`serve`).
+A module that fails to
 import is left out: the worker imports it itself, or fails as it would have. Ray is not here:
 see :data:`RAYLET_PID_ENV`."""
+
+PRELOAD_CALLS = (("transformers.conversion_mapping", "get_checkpoint_conversion_mapping", "llama"),)
+"""``(module, function, argument)`` called once :data:`PRELOAD` is imported, for what a library
+builds on first use and keeps for the process: transformers' table of checkpoint conversions
+(about 900 regular expressions compiled, 0.16 CPU-s) on the first model a process loads. Built
+here, every forked producer, consumer and evaluator finds it built. A call that fails is left
+out, as an import is."""
 
 RAYLET_PID_ENV = "RAY_RAYLET_PID"
 """Set by a raylet in the environment of each worker it starts. Ray's modules, its C++ core
@@ -406,10 +414,18 @@ def _exit_like_python(code: int) -> None:
 
 
 def serve(socket_path: str) -> None:
-    """The server's process: listen, import :data:`PRELOAD` one module at a time (forking the
-    workers that arrive meanwhile with what is imported so far: the run's first workers, its
-    hub, buffer and store, need none of it), then fork workers until the raylet it follows
-    ends."""
+    """The server's process: listen, import :data:`PRELOAD` and make :data:`PRELOAD_CALLS`,
+    then fork workers until the raylet it follows ends.
+
+    A worker that asks during the imports waits in the socket's queue until they are done: its
+    stand-in has sent its request and waits for the answer (up to 120 s). Forked before, a
+    producer or consumer imported the rest itself, beside the server still importing it, on the
+    same two cores: with Ray's start shortened by the agent's stand-in
+    (:func:`zbrl.launch.ray_session.idle_agent_replaced`) the run's workers ask 1 s before the
+    imports end, and forking them only afterwards started the demo 0.2 s sooner (5.07 s
+    against 5.31 s to the first metrics line) on 1.4 CPU-s less (docs/performance.md,
+    Start-up). The hub, buffer and store, which need none of it, wait too; they are not what
+    the run waits for."""
     _die_with_parent()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # bound under another name and renamed once listening: a stand-in finds either no socket
@@ -426,8 +442,8 @@ def serve(socket_path: str) -> None:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the driver's
+        # requests wait in the socket's queue until every import is done (see serve)
         for name in PRELOAD:
-            server.serve_once(timeout=0)
             if server.stopping:
                 break
             threads = _thread_count()
@@ -435,6 +451,11 @@ def serve(socket_path: str) -> None:
                 __import__(name)
             if name == "torch":  # its thread pool's thread, which it re-creates after a fork
                 server.allowed_threads += max(_thread_count() - threads, 0)
+        for module, function, argument in PRELOAD_CALLS:
+            if server.stopping:
+                break
+            with contextlib.suppress(Exception):
+                getattr(importlib.import_module(module), function)(argument)
         server.serve()
     finally:
         listener.close()
