@@ -86,8 +86,14 @@ def test_the_raylets_dashboard_agent_is_zbrls_stand_in_with_its_ports_not_in_use
     )
 
     raylet = _global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-    children = Path(f"/proc/{raylet}/task/{raylet}/children").read_text().split()
-    commands = [Path(f"/proc/{c}/cmdline").read_text().split("\0") for c in children]
+    commands = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == raylet:
+                commands.append((stat.parent / "cmdline").read_text().split("\0"))
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
     stand_ins = [c for c in commands if any(a.endswith("ray_agent_standin.py") for a in c)]
     assert len(stand_ins) == 1, commands
     session = _global_node.get_session_dir_path()
