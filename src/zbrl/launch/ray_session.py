@@ -31,6 +31,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from zbrl.launch import ray_agent_standin
+
 
 @contextlib.contextmanager
 def _replaced_in_services(name: str, replace: Callable[[Any], Any]) -> Iterator[bool]:
@@ -47,11 +49,27 @@ def _replaced_in_services(name: str, replace: Callable[[Any], Any]) -> Iterator[
     if replacement is None:
         yield False
         return
-    setattr(services, name, replacement)
-    try:
+    with _replaced_attribute(services, name, replacement):
         yield True
-    finally:
-        setattr(services, name, original)
+
+
+def _command_argument_rewritten(
+    flag: str, rewrite: Callable[[str], str]
+) -> contextlib.AbstractContextManager[bool]:
+    """While inside, each process Ray starts whose command line has an argument ``flag<value>``
+    gets ``flag<rewrite(value)>`` instead; yields False (and changes nothing) when this Ray
+    version has no ``ray._private.services.start_ray_process``."""
+
+    def replace(original: Any) -> Any:
+        def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
+            command = [
+                f"{flag}{rewrite(c[len(flag) :])}" if c.startswith(flag) else c for c in command
+            ]
+            return original(command, *args, **kwargs)
+
+        return start_ray_process
+
+    return _replaced_in_services("start_ray_process", replace)
 
 
 def ray_in_own_session() -> contextlib.AbstractContextManager[bool]:
@@ -122,19 +140,9 @@ def workers_start_at_once(
     began only once two others had registered, although its imports are the longest part of
     the start (docs/performance.md, Start-up). Started together, the processes share the cores
     from the first moment; the CPU they need is the same."""
-    flag = "--maximum_startup_concurrency="
-
-    def replace(original: Any) -> Any:
-        def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
-            command = [
-                f"{flag}{max(limit, int(c[len(flag) :]))}" if c.startswith(flag) else c
-                for c in command
-            ]
-            return original(command, *args, **kwargs)
-
-        return start_ray_process
-
-    return _replaced_in_services("start_ray_process", replace)
+    return _command_argument_rewritten(
+        "--maximum_startup_concurrency=", lambda value: str(max(limit, int(value)))
+    )
 
 
 def light_worker_setup() -> contextlib.AbstractContextManager[bool]:
@@ -201,22 +209,10 @@ def idle_agent_replaced() -> contextlib.AbstractContextManager[bool]:
             os.path.join(given["session-dir"], get_port_filename(given["node-id"], name))
             for name in names
         ]
-        from zbrl.launch import ray_agent_standin
-
         # quoted as Ray quotes the agent's command for the raylet
         return subprocess.list2cmdline([sys.executable, "-S", ray_agent_standin.__file__, *files])
 
-    def replace(original: Any) -> Any:
-        def start_ray_process(command: list[str], *args: Any, **kwargs: Any) -> Any:
-            flag = DASHBOARD_AGENT_FLAG
-            command = [
-                f"{flag}{stand_in(c[len(flag) :])}" if c.startswith(flag) else c for c in command
-            ]
-            return original(command, *args, **kwargs)
-
-        return start_ray_process
-
-    return _replaced_in_services("start_ray_process", replace)
+    return _command_argument_rewritten(DASHBOARD_AGENT_FLAG, stand_in)
 
 
 def quick_dashboard_check() -> contextlib.AbstractContextManager[bool]:

@@ -81,10 +81,9 @@ PRELOAD = (
 )
 """What the server imports, in this order, for the workers it forks (transformers loads most of
 its modules only when a model or tokenizer is first loaded, which is in every producer and
-consumer); workers that ask meanwhile wait until the last is imported (see :func:`serve`).
-A module that fails to
-import is left out: the worker imports it itself, or fails as it would have. Ray is not here:
-see :data:`RAYLET_PID_ENV`."""
+consumer); workers that ask meanwhile wait until the last is imported (see :func:`serve`). A
+module that fails to import is left out: the worker imports it itself, or fails as it would
+have. Ray is not here: see :data:`RAYLET_PID_ENV`."""
 
 PRELOAD_CALLS = (("transformers.conversion_mapping", "get_checkpoint_conversion_mapping", "llama"),)
 """``(module, function, argument)`` called once :data:`PRELOAD` is imported, for what a library
@@ -442,7 +441,7 @@ def serve(socket_path: str) -> None:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the driver's
-        # requests wait in the socket's queue until every import is done (see serve)
+        # requests wait in the socket's queue until every import is done (see the docstring)
         for name in PRELOAD:
             if server.stopping:
                 break
