@@ -143,7 +143,7 @@ def start_local_ray(num_cpus: int, fork_workers: bool = True) -> None:
     raylet = _raylet_pid()
     if server is not None and raylet is not None:
         # it ends with the raylet; otherwise (not told) with this process. Told from a thread:
-        # it answers between two of its imports (up to 2 s), which the run need not wait for
+        # it answers once its imports are done (seconds), which the run need not wait for
         threading.Thread(
             target=server.follow, args=(raylet,), name="zbrl-forkserver-follow", daemon=True
         ).start()

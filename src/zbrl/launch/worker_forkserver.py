@@ -505,7 +505,7 @@ class ForkServer:
         """Tell the server to end with process ``pid`` (the raylet); False if it is gone."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(30)  # answered between two of its imports
+                sock.settimeout(120)  # answered once its imports are done, as a stand-in is
                 _connect(sock, self.socket_path)
                 send_message(sock, {"kind": "follow", "pid": pid}, [])
                 answer, _ = receive_message(sock)
