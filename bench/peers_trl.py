@@ -65,7 +65,7 @@ class Shared:
     def __init__(self, cfg, cores: int) -> None:
         from zbrl.assembly.artifacts import prepare_artifacts
         from zbrl.assembly.environments import build_episode_runner
-        from zbrl.assembly.models import compute_dtype, load_policy, load_tokenizer
+        from zbrl.assembly.models import inference_dtype, load_policy, load_tokenizer
         from zbrl.assembly.rewards import build_reward_fn
         from zbrl.assembly.settings import eval_sampling_params
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
@@ -83,7 +83,7 @@ class Shared:
             raise SystemExit(f"need exactly one eval set, the recipe has {sorted(eval_sets)}")
         ((self.eval_name, eval_prompts),) = eval_sets.items()
         self.reward_fn = build_reward_fn(cfg)
-        self.load_policy = lambda path: load_policy(cfg, Path(path), compute_dtype(cfg))
+        self.load_policy = lambda path: load_policy(cfg, Path(path), inference_dtype(cfg))
         self.backend = TransformersBackend(
             self.load_policy(self.artifacts.model_dir), self.tokenizer
         )

@@ -110,7 +110,7 @@ def test_demo_config_translates_to_the_same_grpo_step() -> None:
     assert (k["epsilon"], k["epsilon_high"]) == (0.2, 0.2)
     assert k["beta"] == 0.0 and k["num_iterations"] == 1
     assert (k["temperature"], k["top_p"], k["top_k"]) == (1.0, 1.0, 0)  # zbrl's -1: no top-k
-    assert k["bf16"] is False and k["fp16"] is False  # float32 like zbrl
+    assert k["bf16"] is True and k["fp16"] is False  # bfloat16 compute, as the demo trains
     assert k["activation_checkpointing"] is False and k["seed"] == 0
     assert "lr_scheduler_kwargs" not in k
     threads = next(n for n in t.unmatched if n.startswith("threads"))

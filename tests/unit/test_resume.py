@@ -72,7 +72,7 @@ def test_every_fixed_field_exists_in_the_config():
         ("rollout.generation.num_generations=16", "rollout.generation.num_generations: 8"),
         ("launch.num_producers=3", "launch.num_producers: 1"),
         ("seed=99", "seed: "),
-        ("model.dtype=bfloat16", "model: "),
+        ("model.dtype=float32", "model: "),
     ],
 )
 def test_resume_refuses_what_it_cannot_honour_and_touches_nothing(tmp_path, override, field):

@@ -85,6 +85,10 @@ class TransformersBackend(Section):
         needs_gpu_in_gpu_runs=False,
     )
     """What the transformers backend can do."""
+    fast_decode: bool = True
+    """Decode Llama-type models with zbrl's own sampling loop (the same samples as ``generate``
+    from the same seed, about 1.5x faster on the embedded model; docs/backends.md). Other models,
+    stop strings and in-flight updates use ``generate`` either way; false: always ``generate``."""
 
 
 class VllmBackend(Section):

@@ -48,8 +48,11 @@ def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None, sources: RunSource
     tokenizer = check_built_model(cfg, artifacts, sources.model.tokenizer)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts, tokenizer)
     total_steps = planned_steps(cfg, len(train_prompts))
-    if (notice := steps_notice(cfg, len(train_prompts))) is not None:
-        print(notice, flush=True)
+    from zbrl.assembly.models import slow_bf16_notice
+
+    for notice in (steps_notice(cfg, len(train_prompts)), slow_bf16_notice(cfg)):
+        if notice is not None:
+            print(notice, flush=True)
     start, buffer_state = start_point(artifacts, resume)
     return RunInputs(artifacts, train_prompts, eval_sets, total_steps, start, buffer_state, resume)
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from zbrl.models.cpu_attention import SDPA_FLOAT32
 from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
 
 
@@ -86,7 +87,7 @@ def block_causal_allowed(group_PN: torch.Tensor, block_PN: torch.Tensor) -> torc
     return (causal_NN & (keys_P1N == queries_PN1) & own_PNN)[:, None]
 
 
-MASKED_IMPLEMENTATIONS = ("sdpa", "eager")
+MASKED_IMPLEMENTATIONS = ("sdpa", SDPA_FLOAT32, "eager")
 """Attention implementations that take the packed layout's 4-D mask."""
 
 
@@ -95,7 +96,7 @@ def packed_attention_mask(model: torch.nn.Module, allowed_P1NN: torch.Tensor) ->
     SDPA, additive (0 or the float32 minimum) for eager attention."""
     inner = getattr(model, "module", model)  # DDP keeps the model as .module
     implementation = inner.config._attn_implementation
-    if implementation == "sdpa":
+    if implementation in ("sdpa", SDPA_FLOAT32):
         return allowed_P1NN
     if implementation == "eager":
         blocked = torch.finfo(torch.float32).min

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from zbrl.models.cpu_attention import attention_in_float32
 from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import (
@@ -56,6 +57,9 @@ class DdpEngine(RankedEngine):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = torch.device(device)
+        for model in (policy, reference):
+            if model is not None:
+                attention_in_float32(model, self.device, self.compute_dtype)
         self.policy = policy  # the plain module (weights, save_pretrained)
         ids = [self.device.index or 0] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(policy, device_ids=ids)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from zbrl.algorithms.aggregation import Normalisers
+from zbrl.models.cpu_attention import attention_in_float32
 from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
 from zbrl.training.engine.ranked import reference_logits
 from zbrl.training.model_inputs import ModelInputs
@@ -54,6 +55,9 @@ class SingleProcessEngine:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = torch.device(device)
+        for model in (policy, reference, critic):
+            if model is not None:
+                attention_in_float32(model, self.device, self.compute_dtype)
         self.optimizer_steps = 0
 
     @property
