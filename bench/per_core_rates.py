@@ -3,11 +3,13 @@
 The demo's model (warm-started embedded model) and prompts: ``--prompts`` prompts × G samples,
 up to the recipe's ``max_new_tokens``. Generation: plain ``model.generate`` (sampling, raw logits
 kept) against zbrl's transformers backend (the same call plus each sampled token's log-prob and
-the response cut at EOS). Training: one plain forward/backward/AdamW step on the right-padded
-batch against zbrl's train step (GRPO loss, the recipe's settings) on full rows with fixed
-micro-batches, on full rows with length-sorted micro-batches under a token budget
-(``training.train_microbatch_tokens``), and with each group's prompt run once
-(``training.share_prompts``, the default).
+the response cut at EOS), with transformers' ``generate`` and with zbrl's own decode loop
+(``rollout.backend.fast_decode``, the default). Training: one plain forward/backward/AdamW
+step on the right-padded batch against zbrl's train step (GRPO loss, the recipe's settings, in
+float32) on full rows with fixed micro-batches, on full rows with length-sorted micro-batches
+under a token budget (``training.train_microbatch_tokens``), and with each group's prompt run
+once (``training.share_prompts``, the default), the last also in bfloat16 compute (the demo's
+``model.dtype``).
 The rows trained are the completions generated (real lengths). Variants alternate within each
 repeat; medians of ``--repeats``. Rates count real tokens (prompt + response, no padding) per
 second per torch thread.
@@ -72,7 +74,7 @@ def main() -> None:
     budgets = args.budget or [rows * 48 // 4, rows * 48 // 2]
 
     def trainer(*overrides: str):
-        tuned = load_config(args.recipe, ["training.device=cpu", *overrides])
+        tuned = load_config(args.recipe, ["training.device=cpu", "model.dtype=float32", *overrides])
         return build_trainer(tuned, art.model_dir, tokenizer, 1000)
 
     trainers = {"zbrl, fixed micro-batches": trainer("training.share_prompts=false")}
@@ -81,6 +83,9 @@ def main() -> None:
             "training.share_prompts=false", f"training.train_microbatch_tokens={b}"
         )
     trainers["zbrl, shared prompts"] = trainer("training.share_prompts=true")
+    trainers["zbrl, shared prompts, bf16"] = trainer(
+        "training.share_prompts=true", "model.dtype=bfloat16"
+    )
     plain = _PlainStep(art.model_dir, groups, tokenizer.pad_token_id or 0, cfg.algorithm.lr)
     model = backend.model
 
@@ -100,9 +105,13 @@ def main() -> None:
             pad_token_id=backend.pad_id,
         )
 
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
+
+    generate_backend = TransformersBackend(model, tokenizer, fast_decode=False)
     variants = {
         ("generate", "plain transformers"): plain_generate,
-        ("generate", "zbrl backend"): lambda: backend.generate(ids, params),
+        ("generate", "zbrl backend, generate"): lambda: generate_backend.generate(ids, params),
+        ("generate", "zbrl backend, own loop"): lambda: backend.generate(ids, params),
         ("train", "plain transformers"): plain.step,
         **{("train", name): (lambda t=t: t.train(groups)) for name, t in trainers.items()},
     }

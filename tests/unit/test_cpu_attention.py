@@ -69,23 +69,39 @@ def test_packed_rows_take_the_boolean_mask_under_it(tiny_model_dir):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "device", "bf16_instructions", "warned"),
+    ("dtype", "device", "flags", "warned"),
     [
-        ("bfloat16", "cpu", False, True),
-        ("bfloat16", "cpu", True, False),
-        ("float32", "cpu", False, False),
-        ("bfloat16", "cuda", False, False),
+        ("bfloat16", "cpu", {"avx2", "avx512f"}, True),
+        ("bfloat16", "cpu", {"avx512f", "avx512_bf16"}, False),
+        ("bfloat16", "cpu", {"amx_bf16", "amx_tile"}, False),
+        ("float32", "cpu", {"avx2"}, False),
+        ("bfloat16", "cuda", {"avx2"}, False),
     ],
 )
 def test_bf16_on_a_cpu_without_bf16_instructions_is_named_with_the_fix(
-    monkeypatch, dtype, device, bf16_instructions, warned
+    dtype, device, flags, warned
 ):
-    from zbrl.assembly.models import slow_bf16_notice
+    from zbrl.launch.cpu_features import slow_bf16_notice
 
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16_instructions)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    notice = slow_bf16_notice(config(f"model.dtype={dtype}", f"training.device={device}"))
+    cfg = config(f"model.dtype={dtype}", f"training.device={device}")
+    notice = slow_bf16_notice(cfg, frozenset(flags))
     if warned:
         assert "without AVX512-BF16 or AMX" in notice and "set model.dtype=float32" in notice
     else:
         assert notice is None
+
+
+def test_the_cpu_flags_are_read_from_cpuinfo_and_a_missing_file_gives_none(tmp_path):
+    from zbrl.launch.cpu_features import cpu_flags, trains_on_cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512_bf16\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "absent") is None
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    assert trains_on_cpu(config(), gpus)  # training.device=cpu in config()
+    auto = load_config(None, ["training.device=auto"])
+    assert trains_on_cpu(auto, gpus) and trains_on_cpu(auto, tmp_path / "none")
+    (gpus / "0000:01:00.0").mkdir()
+    assert not trains_on_cpu(auto, gpus)

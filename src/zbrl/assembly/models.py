@@ -25,20 +25,6 @@ def compute_dtype(cfg: RunConfig) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
-def slow_bf16_notice(cfg: RunConfig) -> str | None:
-    """A line saying that ``model.dtype=bfloat16`` will be slow here (training on a CPU with
-    neither AVX512-BF16 nor AMX, where bfloat16 matrix products are emulated), or None."""
-    if cfg.model.dtype != "bfloat16" or device_of(cfg).type != "cpu":
-        return None
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
-        return None
-    return (
-        "[zbrl] model.dtype=bfloat16 trains on a CPU without AVX512-BF16 or AMX instructions: "
-        "its bfloat16 matrix products are emulated, likely slower than float32; set "
-        "model.dtype=float32 for speed here (docs/precision.md)"
-    )
-
-
 def inference_dtype_name(cfg: RunConfig) -> str:
     """The inference precision: the dtype producers and the evaluator generate with and
     published weights are cast to (``rollout.inference_dtype``; unset: ``model.dtype``). The

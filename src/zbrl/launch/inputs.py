@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
+from zbrl.launch.cpu_features import slow_bf16_notice
 from zbrl.launch.steps import planned_steps, steps_notice
 from zbrl.training.checkpoint import Checkpoint
 
@@ -48,8 +49,6 @@ def prepare_inputs(cfg: RunConfig, resume: Checkpoint | None, sources: RunSource
     tokenizer = check_built_model(cfg, artifacts, sources.model.tokenizer)
     train_prompts, eval_sets = encode_datasets(cfg, artifacts, tokenizer)
     total_steps = planned_steps(cfg, len(train_prompts))
-    from zbrl.assembly.models import slow_bf16_notice
-
     for notice in (steps_notice(cfg, len(train_prompts)), slow_bf16_notice(cfg)):
         if notice is not None:
             print(notice, flush=True)
