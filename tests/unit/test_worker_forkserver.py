@@ -35,7 +35,8 @@ def on_term(signum, frame):
     (here / "got").write_text(str(signum))
     sys.exit(7)
 signal.signal(signal.SIGTERM, on_term)
-(here / "ready").write_text(str(os.getpid()))
+(here / "ready.tmp").write_text(str(os.getpid()))
+(here / "ready.tmp").rename(here / "ready")  # whole: never seen empty
 time.sleep(60)
 """
 
