@@ -12,7 +12,7 @@ from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import TransformersBackend as TransformersOptions
 from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache
 from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
-from zbrl.rollout.backends.transformers.fast_decode import FastDecoder, Sampling, unsupported
+from zbrl.rollout.backends.transformers.fast_decode import FastDecoder, unsupported
 from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
 from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
 
@@ -140,16 +140,8 @@ class TransformersBackend:
         """The completions of one ``decoder`` call (greedy: one per prompt, as ``generate``
         gives them)."""
         input_ids, attention = self._left_pad(prompts)
-        greedy = params.temperature == 0
-        sampling = Sampling(
-            greedy=greedy,
-            temperature=params.temperature,
-            top_k=max(params.top_k, 0),
-            top_p=params.top_p,
-        )
-        n = 1 if greedy else params.n
         new_tokens_NL, logits_LNV = decoder.decode(
-            input_ids, attention, n, params.max_new_tokens, sampling, self.eos_ids, self.pad_id
+            input_ids, attention, params, self.eos_ids, self.pad_id
         )
         return self._completions(new_tokens_NL.cpu(), logits_LNV, params)
 

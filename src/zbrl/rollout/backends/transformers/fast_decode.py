@@ -32,6 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from zbrl.models.kv_cache import left_padded_positions
+from zbrl.rollout.backends.base import SamplingParams
 
 _ALLOWED_GENERATION_FIELDS = frozenset(
     {
@@ -96,17 +100,6 @@ def _generation_fields(config: GenerationConfig) -> set[str]:
     }
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen (``generate``'s ``do_sample``, ``temperature``, ``top_k``,
-    ``top_p``); ``top_k`` 0 and ``top_p`` 1 turn those filters off."""
-
-    greedy: bool
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-
 class FastDecoder:
     """Decodes a transformers Llama model's continuations with a preallocated cache.
 
@@ -125,36 +118,37 @@ class FastDecoder:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.rotary = model.model.rotary_emb
-        self._fused: list[_FusedWeights] = []
 
     @torch.no_grad()
     def decode(
         self,
         input_ids: torch.Tensor,
         attention: torch.Tensor,
-        n: int,
-        max_new_tokens: int,
-        sampling: Sampling,
+        params: SamplingParams,
         eos_ids: set[int],
         pad_id: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n`` continuations of each left-padded prompt (``input_ids``/``attention`` [B, P]):
-        the new tokens [B·n, L] (pad after a row's EOS; L ≤ ``max_new_tokens``, the steps run)
-        and each step's raw logits [L, B·n, V] (float32, before any filter: what
+        """``n`` continuations of each left-padded prompt (``input_ids``/``attention`` [B, P]),
+        ``params.n`` of them, one when greedy (``temperature`` 0: ``generate`` gives one): the
+        new tokens [B·n, L] (pad after a row's EOS; L ≤ ``params.max_new_tokens``, the steps
+        run) and each step's raw logits [L, B·n, V] (float32, before any filter: what
         ``output_logits`` gives). Rows are prompt-major: prompt b's samples are rows b·n..b·n+n-1.
+        ``params.stop_strings`` are not looked for (the backend sends those to ``generate``).
         """
         batch, width = input_ids.shape
         device = input_ids.device
+        n = 1 if params.temperature == 0 else params.n
+        max_new_tokens = params.max_new_tokens
         rows = batch * n
         total = width + max_new_tokens
-        positions_BP = (attention.cumsum(1) - 1).clamp_min(0)
-        cos_T, sin_T = self._rope_tables(total, device)
+        positions_BP = left_padded_positions(attention)
+        rope = self._rope_tables(total, device)
         cache = _Cache.empty(self, rows, total, device)
-        self._fused = [_FusedWeights.of(layer) for layer in self.layers]
+        fused = [_FusedWeights.of(layer) for layer in self.layers]  # this call's weights
 
         # prefill: each prompt once, its keys/values repeated for its n samples
         prompt_mask = _prefill_mask(attention)
-        logits_BV = self._forward(input_ids, positions_BP, cos_T, sin_T, prompt_mask, cache, n)
+        logits_BV = self._forward(input_ids, positions_BP, rope, fused, prompt_mask, cache, n)
         logits_NV = logits_BV.repeat_interleave(n, dim=0) if n > 1 else logits_BV
         hidden_keys_NP = (attention == 0).repeat_interleave(n, dim=0)
         mask_NS = torch.zeros(rows, total, dtype=self.model.dtype, device=device)
@@ -166,7 +160,7 @@ class FastDecoder:
         tokens, logits = [], []
         for step in range(max_new_tokens):
             logits.append(logits_NV)
-            token_N = _choose(logits_NV, sampling)
+            token_N = _choose(logits_NV, params)
             token_N = torch.where(unfinished_N, token_N, pad_id)
             tokens.append(token_N)
             unfinished_N &= ~torch.isin(token_N, eos)
@@ -175,7 +169,7 @@ class FastDecoder:
             at = width + step
             mask_N11S = mask_NS[:, None, None, : at + 1]
             logits_NV = self._forward(
-                token_N[:, None], next_positions_N[:, None] + step, cos_T, sin_T, mask_N11S,
+                token_N[:, None], next_positions_N[:, None] + step, rope, fused, mask_N11S,
                 cache, 1, at,
             )  # fmt: skip
         return torch.stack(tokens, dim=1), torch.stack(logits, dim=0)
@@ -192,14 +186,15 @@ class FastDecoder:
         self,
         ids_BT: torch.Tensor,
         positions_BT: torch.Tensor,
-        cos_T: torch.Tensor,
-        sin_T: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        fused: list[_FusedWeights],
         mask: torch.Tensor,
         cache: _Cache,
         repeat: int,
         at: int = 0,
     ) -> torch.Tensor:
-        """The last position's logits [B, V] (float32) of ``ids_BT`` at ``positions_BT``; their
+        """The last position's logits [B, V] (float32) of ``ids_BT`` at ``positions_BT`` (``rope``:
+        :meth:`_rope_tables`; ``fused``: each layer's :class:`_FusedWeights`); their
         keys and values are written to ``cache`` at columns ``at``..``at+T-1``, each row
         ``repeat`` times (the prefill's samples). ``at`` 0 is the prefill, ``mask`` its boolean
         [B, 1, T, T]; later, one decode step (T = 1) and its additive float mask [N, 1, 1, at+1]
@@ -207,20 +202,18 @@ class FastDecoder:
         batch, steps = ids_BT.shape
         base = self.model.model
         hidden = base.embed_tokens(ids_BT)
-        cos = cos_T[positions_BT][:, None]  # [B, 1, T, D]
-        sin = sin_T[positions_BT][:, None]
+        cos_BTD, sin_BTD = rope[0][positions_BT], rope[1][positions_BT]
         width = self.heads * self.head_dim
         kv_width = self.kv_heads * self.head_dim
-        for i, (layer, weights) in enumerate(zip(self.layers, self._fused, strict=True)):
+        for i, (layer, weights) in enumerate(zip(self.layers, fused, strict=True)):
             attn = layer.self_attn
-            x = _rms(layer.input_layernorm, hidden)
+            x = layer.input_layernorm(hidden)
             qkv = F.linear(x, weights.qkv, weights.qkv_bias)
             q, k, v = qkv.split((width, kv_width, kv_width), dim=-1)
             q = q.view(batch, steps, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(batch, steps, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(batch, steps, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos_BTD, sin_BTD)
             if at == 0:  # prefill: attend within the prompt, store it for every sample
                 cache.write(i, at, k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0))
                 out = F.scaled_dot_product_attention(
@@ -232,10 +225,10 @@ class FastDecoder:
                 out = self._attend_one(q, *cache.upto(i, at + 1), mask, attn.scaling)
             out = out.transpose(1, 2).reshape(batch, steps, width)
             hidden = hidden + attn.o_proj(out)
-            x = _rms(layer.post_attention_layernorm, hidden)
+            x = layer.post_attention_layernorm(hidden)
             gate, up = F.linear(x, weights.gate_up).chunk(2, dim=-1)
             hidden = hidden + layer.mlp.down_proj(F.silu(gate) * up)
-        hidden = _rms(base.norm, hidden[:, -1])
+        hidden = base.norm(hidden[:, -1])
         return self.model.lm_head(hidden).float()
 
     def _attend_one(
@@ -317,33 +310,20 @@ def _prefill_mask(attention_BP: torch.Tensor) -> torch.Tensor:
     return mask[:, None]
 
 
-def _rms(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Llama's RMSNorm, as transformers computes it (float32 statistics)."""
-    dtype = hidden.dtype
-    x = hidden.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _choose(logits_NV: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """The next token of every row [N]: ``generate``'s warpers, then one multinomial draw per
-    row (greedy: the argmax)."""
-    if sampling.greedy:
+def _choose(logits_NV: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The next token of every row [N]: ``generate``'s warpers (a ``top_k`` of 0 or less and a
+    ``top_p`` of 1 are off), then one multinomial draw per row (greedy: the argmax)."""
+    if params.temperature == 0:
         return logits_NV.argmax(dim=-1)
-    scores = logits_NV if sampling.temperature == 1.0 else logits_NV / sampling.temperature
-    if sampling.top_k > 0:
-        k = min(sampling.top_k, scores.shape[-1])
+    scores = logits_NV if params.temperature == 1.0 else logits_NV / params.temperature
+    if params.top_k > 0:
+        k = min(params.top_k, scores.shape[-1])
         kth = torch.topk(scores, k)[0][..., -1, None]
         scores = scores.masked_fill(scores < kth, -float("inf"))
-    if sampling.top_p < 1.0:
+    if params.top_p < 1.0:
         ordered, order = torch.sort(scores, descending=False)
         cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cumulative <= (1 - sampling.top_p)
+        drop_sorted = cumulative <= (1 - params.top_p)
         drop_sorted[..., -1:] = False
         drop = drop_sorted.scatter(1, order, drop_sorted)
         scores = scores.masked_fill(drop, -float("inf"))
