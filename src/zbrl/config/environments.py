@@ -255,7 +255,8 @@ class OpenEnvEnvironment(EnvironmentBase):
     ``message_field``."""
     max_sessions: int = Field(default=256, ge=1)
     """Sessions the server holds at once (OpenEnv's ``max_concurrent_envs``): at least the
-    episodes a producer runs at a time (its prompts per batch times ``rollout.group_size``)."""
+    episodes a producer runs at a time (its prompts per batch times
+    ``rollout.generation.num_generations``)."""
     start_timeout_s: float = Field(default=120.0, gt=0)
     """Longest wait for the server to answer after it is started."""
     step_timeout_s: float = Field(default=60.0, gt=0)

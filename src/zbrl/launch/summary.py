@@ -63,6 +63,9 @@ def build_summary(
             buffer_stats["groups_filtered_accuracy"] + buffer_stats["groups_filtered_truncated"]
         ),
         "groups_failed_episodes": int(buffer_stats["groups_failed_episodes"]),
+        "episodes_failed": int(buffer_stats["episodes_failed"]),
+        "groups_dropped_stale": int(buffer_stats["groups_dropped_stale"]),
+        "groups_dropped": groups_dropped(buffer_stats),
         "partial_batches": int(buffer_stats["partial_batches"]),
         "reward_failed_responses": int(buffer_stats["responses_reward_failed"]),
         "reward_failed_groups_dropped": int(buffer_stats["groups_dropped_reward_failed"]),
@@ -70,6 +73,21 @@ def build_summary(
         "eval_initial": initial,
         "eval_final": final,
     }
+
+
+# The buffer's reasons for dropping a group, each with its counter in BufferStats.
+DROP_REASONS = {
+    "reward_failed": "groups_dropped_reward_failed",
+    "failed_episodes": "groups_failed_episodes",
+    "accuracy_out_of_range": "groups_filtered_accuracy",
+    "all_truncated": "groups_filtered_truncated",
+    "stale": "groups_dropped_stale",
+}
+
+
+def groups_dropped(buffer_stats: dict[str, float]) -> dict[str, int]:
+    """The groups the buffer dropped, by reason (every reason, 0 included)."""
+    return {reason: int(buffer_stats[counter]) for reason, counter in DROP_REASONS.items()}
 
 
 def add_startup(summary: dict[str, Any], clock: StartupClock, run_dir: Path) -> None:

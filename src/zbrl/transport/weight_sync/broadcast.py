@@ -27,10 +27,12 @@ newest weights.
 
 *A version on the wire* is a header broadcast (kind, version, publish time) followed by the
 version's bytes: :func:`zbrl.transport.weight_sync.buckets.flatten` copies the state dict into one
-flat ``uint8`` staging buffer on the training thread (the only work ``publish`` does), and the
-sender thread broadcasts that buffer in ``bucket_mb`` buckets. A receiver allocates a fresh flat
-buffer for every version, receives every bucket into it and only then hands the tensors (views of
-the buffer) to the caller: a version is swapped in whole or not at all, never torn. While no
+flat ``uint8`` staging buffer on the training thread (the only work ``publish`` does; a sent,
+superseded staging buffer is reused), and the sender thread broadcasts that buffer in
+``bucket_mb`` buckets. A receiver receives every bucket into a flat buffer (reused once nobody
+reads it: neither the newest fetched version nor one being loaded) and only then hands the
+tensors (views of the buffer) to the caller: a version is swapped in whole or not at all, never
+torn. While no
 version is published the sender broadcasts a keep-alive header every ``keepalive_s`` so receivers
 blocked on the next header stay inside the collective timeout.
 
