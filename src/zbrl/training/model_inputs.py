@@ -39,7 +39,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from zbrl.models.cpu_attention import SDPA_FLOAT32
-from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
+from zbrl.models.kv_cache import (
+    cache_argument,
+    left_padded_positions,
+    output_cache,
+    select_cache_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ def _shared_prompt_logits(
     )
     index_B = prompts.prompt_index_B
     cache = output_cache(first)
-    cache.batch_select_indices(index_B)  # indexing: the gradient reaches the prompt pass
+    select_cache_rows(cache, index_B)  # indexing: the gradient reaches the prompt pass
     starts_B = attention_UP.sum(1)[index_B]
     width = response_ids_BR.shape[1]
     # The whole response goes in, though its last token predicts nothing trained: the pass is
