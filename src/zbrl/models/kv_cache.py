@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
+from zbrl.models.moe import forward_kwargs
+
 
 def cache_argument(model: torch.nn.Module) -> str:
     """The keyword ``model``'s forward (and ``generate``) takes the cache by."""
@@ -62,6 +64,7 @@ def prompt_head_cache(
         position_ids=left_padded_positions(head_mask),
         use_cache=True,
         logits_to_keep=1,
+        **forward_kwargs(model),
     )
     return output_cache(out)
 
@@ -85,7 +88,7 @@ def select_cache_rows(cache: Any, index_B: torch.Tensor) -> None:
     pass has read it, which autograd refuses when that state carries a gradient; its layers
     are therefore switched to a class that stores the new state instead
     (:func:`_store_recurrent_state`)."""
-    for i, layer in enumerate(cache.layers):
+    for layer in cache.layers:
         _map_linear_states(layer, lambda state: state[index_B])
         if hasattr(layer, "batch_select_indices"):
             layer.batch_select_indices(index_B)

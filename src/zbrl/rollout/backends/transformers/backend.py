@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import TransformersBackend as TransformersOptions
 from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache, repeat_cache_rows
+from zbrl.models.moe import forward_kwargs
 from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
 from zbrl.rollout.backends.transformers.fast_decode import FastDecoder, unsupported
 from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
@@ -108,6 +109,7 @@ class TransformersBackend:
             "output_logits": True,
             "pad_token_id": self.pad_id,
             "eos_token_id": sorted(self.eos_ids),
+            **forward_kwargs(self.model),  # an MoE model's router loss: off in generation
         }
         if not greedy:
             kwargs.update(
