@@ -106,15 +106,17 @@ def qwen3_next(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
 
 
 def gpt_oss(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
-    """A GPT-OSS of 2 layers (sliding-window, then full attention), 4 experts (2 active)."""
+    """A GPT-OSS of 2 layers (a 4-token sliding window, then full attention), 4 experts (2
+    active), router loss on."""
     return GptOssConfig(
         **_common(tokenizer),
         intermediate_size=32,
         num_hidden_layers=2,
         num_local_experts=4,
         num_experts_per_tok=2,
-        sliding_window=16,
+        sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
         output_router_logits=True,
         router_aux_loss_coef=0.001,
     )
