@@ -21,7 +21,7 @@ from zbrl.testing.model_families import create_family_dir
 from zbrl.training.rows import collate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_model_inputs import random_rows, token_logprobs  # noqa: E402
+from test_model_inputs import random_rows, token_logprobs
 
 FAST = ("qwen3", "qwen3_moe", "qwen3_5_text", "gpt_oss")
 MOE = ("qwen3_moe", "gpt_oss")

@@ -94,8 +94,8 @@ def resolve_model_source(cfg: RunConfig, *, verbose: bool = True) -> OpenedModel
         read_chat_template(m.chat_template)  # the file exists
     if m.path == EMBEDDED and m.tokenizer_path is None:
         return OpenedModel(None, None, None)  # built locally, with its own template
-    from zbrl.models.quiet import quiet_transformers
     from zbrl.models.layer_types import check_model_layers
+    from zbrl.models.quiet import quiet_transformers
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir
 
     quiet_transformers()
