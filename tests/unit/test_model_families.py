@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,9 +152,17 @@ def test_moe_step_reports_load_balance_and_adds_the_aux_loss(family_dirs):
     trainer = build_trainer(cfg, family_dirs["qwen3_moe"], _Tok(), total_steps=4)
     assert trainer.routers is not None
     groups = make_groups(Case("moe", (), 3, group_size=3), vocab=50)
-    _, metrics = first_step(trainer, groups)
+    grads, metrics = first_step(trainer, groups)
     assert metrics["router_aux_loss"] >= 2.0 - 1e-4  # top-2: 2.0 when perfectly balanced
     assert metrics["expert_load_imbalance"] >= 1.0
+    off = build_trainer(cfg, family_dirs["qwen3_moe"], _Tok(), total_steps=4)
+    off.routers = RouterRecorder(off.engine.policy, replace(off.routers.shape, aux_coef=0.0))
+    grads_off, metrics_off = first_step(off, groups)
+    assert metrics_off["router_aux_loss"] == pytest.approx(metrics["router_aux_loss"])
+    router = "model.layers.0.mlp.gate.weight"
+    assert float((grads[router] - grads_off[router]).abs().max()) > 1e-6  # the aux loss's part
+    attention = "model.layers.0.self_attn.q_proj.weight"
+    torch.testing.assert_close(grads[attention], grads_off[attention], atol=1e-4, rtol=1e-2)
     dense = build_trainer(cfg, family_dirs["qwen3"], _Tok(), total_steps=4)
     assert dense.routers is None
 
