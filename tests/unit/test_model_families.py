@@ -256,3 +256,49 @@ def test_default_lora_targets_exist_in_each_family(family_dirs, family):
         n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
     }
     assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= names
+
+
+@pytest.mark.parametrize("family", FAST)
+def test_inflight_swap_recomputes_the_cache_of_every_family(family_dirs, family):
+    """Chunked generation with new weights after the second chunk (the cache recomputed under
+    them, a hybrid cache's states too): the tokens before the swap carry the old weights'
+    log-probs, those after it the new weights' (each against a fresh forward pass)."""
+    import copy
+
+    from role_settings import sampling_params
+
+    from helpers.backends import reference_logprobs
+    from zbrl.embedded.tokenizer import build_tokenizer
+    from zbrl.rollout.backends.transformers.backend import TransformersBackend
+    from zbrl.rollout.inflight import InflightSwap, generate_inflight
+
+    backend = TransformersBackend(_load(family_dirs[family]), build_tokenizer())
+    old_model = copy.deepcopy(backend.model)
+    torch.manual_seed(3)
+    new_weights = {k: v + 0.05 * torch.randn_like(v) for k, v in backend.model.state_dict().items()}
+    new_model = copy.deepcopy(backend.model)
+    new_model.load_state_dict(new_weights)
+    calls = []
+
+    def swap():  # version 4 for the first two chunks, then version 5
+        calls.append(1)
+        if len(calls) == 3:
+            backend.load_weights(new_weights)
+        return 4 if len(calls) < 3 else 5
+
+    prompts = [[1, 40, 41, 42, 43, 44, 45, 12], [1, 30], [1, 50, 51, 52, 25]]
+    params = sampling_params(n=2, temperature=0.8, max_new_tokens=10)
+    torch.manual_seed(1)
+    groups = generate_inflight(backend, prompts, params, InflightSwap(3, swap))
+    spanning = 0
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            n = c.token_ids.numel()
+            assert c.versions.tolist() == ([4] * 6 + [5] * 4)[:n]
+            old = reference_logprobs(old_model, prompt, c.token_ids, 0.8)
+            new = reference_logprobs(new_model, prompt, c.token_ids, 0.8)
+            torch.testing.assert_close(c.logprobs[:6], old[:6], atol=1e-4, rtol=0)
+            if n > 6:
+                spanning += 1
+                torch.testing.assert_close(c.logprobs[6:], new[6:], atol=1e-4, rtol=0)
+    assert spanning >= 2
