@@ -93,6 +93,20 @@ class ModelShape:
         return self.vocab * self.hidden
 
     @property
+    def summary(self) -> str:
+        """The shape in a few words: layers, hidden size, vocabulary, and where they apply the
+        experts (total / active parameters) and the linear-attention layers."""
+        parts = [f"{self.layers} layers", f"hidden {self.hidden}", f"vocab {self.vocab}"]
+        if self.experts:
+            parts.append(
+                f"{self.experts} experts, {self.experts_per_token} active: "
+                f"{self.active_params / 1e9:.3f}B active parameters"
+            )
+        if self.linear_layers:
+            parts.append(f"{self.linear_layers} linear-attention layers")
+        return ", ".join(parts)
+
+    @property
     def attention_layers(self) -> int:
         """Layers that keep keys and values (every layer but the linear-attention ones)."""
         return self.layers - self.linear_layers
