@@ -45,8 +45,12 @@ def test_two_ranks_match_one_process(family_dirs, tmp_path, engine, family):
         assert g.keys() == w.keys()
         for name, ref in w.items():
             torch.testing.assert_close(g[name], ref, atol=1e-6, rtol=0, msg=f"{engine} {name}")
-    for key in ("loss", "num_tokens", *(("router_aux_loss",) if family == "qwen3_moe" else ())):
+    for key in ("loss", "num_tokens"):
         assert got["metrics"][key] == pytest.approx(want["metrics"][key], abs=1e-5), key
+    if family == "qwen3_moe":  # measured per micro-batch, which the ranks cut differently
+        assert got["metrics"]["router_aux_loss"] == pytest.approx(
+            want["metrics"]["router_aux_loss"], rel=1e-2
+        )
 
 
 def _train(tmp_path: Path, model_dir: Path, run_dir: Path, *extra: str):
