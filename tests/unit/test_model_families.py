@@ -302,3 +302,30 @@ def test_inflight_swap_recomputes_the_cache_of_every_family(family_dirs, family)
                 spanning += 1
                 torch.testing.assert_close(c.logprobs[6:], new[6:], atol=1e-4, rtol=0)
     assert spanning >= 2
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_text"])
+def test_lora_step_trains_only_adapters_on_the_default_targets(family_dirs, family):
+    """A LoRA step on an MoE and a hybrid model: the default targets get adapters (attention
+    projections, plus the dense MLP's), only adapters are trainable, and the step moves them;
+    the MoE model still reports its load balance through the peft wrapper."""
+    pytest.importorskip("peft")
+    from role_settings import run_config
+
+    from helpers.data_parallel import Case, make_groups
+    from zbrl.assembly.models import build_trainer
+
+    class _Tok:
+        pad_token_id = 0
+
+    cfg = run_config("model.lora.rank=4", "model.lora.alpha=8", "algorithm.lr=1e-2")
+    trainer = build_trainer(cfg, family_dirs[family], _Tok(), total_steps=4)
+    policy = trainer.engine.policy
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert any(".q_proj." in n for n in trainable)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if n in trainable}
+    metrics = trainer.train(make_groups(Case("lora", (), 3, group_size=3), vocab=50))
+    after = dict(policy.named_parameters())
+    assert any(not torch.equal(after[n].detach(), v) for n, v in before.items())
+    assert ("router_aux_loss" in metrics) == (family == "qwen3_moe")
