@@ -5,9 +5,10 @@ full attention everywhere):
 
 - ``full_attention``: keys and values in the cache; every layout runs it, packing included
   (the block-causal 4-D mask keeps packed samples apart).
-- ``sliding_attention`` (GPT-OSS, Gemma): keys and values of a window. Generation, full rows and
-  shared prompts run it; packing does not: the packed layout's 4-D mask replaces the one
-  transformers builds, window included, so a token would see keys beyond its window.
+- ``sliding_attention`` (GPT-OSS, Gemma) and ``chunked_attention`` (Llama 4): keys and values
+  of a window or a chunk. Generation, full rows and shared prompts run them; packing does not:
+  the packed layout's 4-D mask replaces the one transformers builds, window included, so a
+  token would see keys beyond its window.
 - ``linear_attention`` (Qwen3.5, Qwen3-Next: gated delta-net layers): a convolution state and
   a recurrent state in place of keys and values. Generation, full rows and shared prompts run
   it (the state is repeated or selected per row, :mod:`zbrl.models.kv_cache`); packing does
@@ -23,13 +24,15 @@ from pathlib import Path
 
 from zbrl.errors import RunError
 
-RUNS = ("full_attention", "sliding_attention", "linear_attention")
+RUNS = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
 """Layer types zbrl runs (generation, full rows, shared prompts)."""
 PACKS = ("full_attention",)
 """Layer types the packed layout is correct for."""
 WHY_NOT_PACKED = {
     "sliding_attention": "its attention window is not part of the packed block-causal mask, "
     "so a token would see keys beyond its window",
+    "chunked_attention": "its attention chunks are not part of the packed block-causal mask, "
+    "so a token would see keys outside its chunk",
     "linear_attention": "it reads no attention mask and carries its recurrent state along the "
     "packed row, so each packed sample would continue the previous one's state",
 }
