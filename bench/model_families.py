@@ -76,7 +76,7 @@ def main() -> None:
         for packing in (False, True):
             r = run(model_dir, runs / f"{family}-{'packed' if packing else 'plain'}", packing)
             print(
-                f"{family:<14}{str(packing):<9}{r['rc']:<4}{str(r['run_dir']):<9}"
+                f"{family:<14}{packing!s:<9}{r['rc']:<4}{r['run_dir']!s:<9}"
                 f"{r['mismatch']:<10}{r['aux']:<7}{r['error']}",
                 flush=True,
             )
