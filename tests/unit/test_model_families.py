@@ -329,3 +329,18 @@ def test_lora_step_trains_only_adapters_on_the_default_targets(family_dirs, fami
     after = dict(policy.named_parameters())
     assert any(not torch.equal(after[n].detach(), v) for n, v in before.items())
     assert ("router_aux_loss" in metrics) == (family == "qwen3_moe")
+
+
+def test_one_token_responses_on_a_hybrid_cache(family_dirs):
+    """Responses of one token continue the selected linear-attention states through the model's
+    single-step path (its in-place convolution update): still the full rows' log-probs and
+    gradients."""
+    from test_model_inputs import make_row
+
+    model = _load(family_dirs["qwen3_5_text"]).train()
+    rows = [make_row([5, 6, 7, 8], [9]), make_row([5, 6, 7, 8], [10]), make_row([3, 4], [11])]
+    full_logp, full_grads = _layout_results(model, rows, "full")
+    shared_logp, shared_grads = _layout_results(model, rows, "shared")
+    torch.testing.assert_close(shared_logp, full_logp, rtol=1e-5, atol=1e-5)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from typing import Any
 
 import torch
@@ -86,14 +87,14 @@ def select_cache_rows(cache: Any, index_B: torch.Tensor) -> None:
 
     A linear-attention layer's cache overwrites its recurrent state in place after the next
     pass has read it, which autograd refuses when that state carries a gradient; its layers
-    are therefore switched to a class that stores the new state instead
+    are given an ``update_recurrent_state`` that stores the new state instead
     (:func:`_store_recurrent_state`)."""
     for layer in cache.layers:
         _map_linear_states(layer, lambda state: state[index_B])
         if hasattr(layer, "batch_select_indices"):
             layer.batch_select_indices(index_B)
         if isinstance(layer, LinearAttentionCacheLayerMixin):
-            layer.__class__ = _storing(type(layer))
+            layer.update_recurrent_state = types.MethodType(_store_recurrent_state, layer)
 
 
 def _store_recurrent_state(
@@ -106,15 +107,6 @@ def _store_recurrent_state(
     self.recurrent_states[state_idx] = last
     self.is_recurrent_states_initialized[state_idx] = True
     return last
-
-
-@functools.cache
-def _storing(layer_class: type) -> type:
-    """``layer_class`` with :func:`_store_recurrent_state` (same layout: instances switch)."""
-    if getattr(layer_class, "update_recurrent_state", None) is _store_recurrent_state:
-        return layer_class
-    namespace = {"__slots__": (), "update_recurrent_state": _store_recurrent_state}
-    return type(f"Stored{layer_class.__name__}", (layer_class,), namespace)
 
 
 def _map_linear_states(layer: Any, fn: Any) -> None:
