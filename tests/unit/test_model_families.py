@@ -365,3 +365,17 @@ def test_one_token_responses_on_a_hybrid_cache(family_dirs):
     torch.testing.assert_close(shared_logp, full_logp, rtol=1e-5, atol=1e-5)
     for name, grad in full_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_model_source_check_refuses_packing_a_hybrid_model(family_dirs):
+    """The pre-flight's model check (before any run directory) runs the layer-type check."""
+    from role_settings import run_config
+
+    from zbrl.assembly.model_source import resolve_model_source
+
+    model = f"model.path={family_dirs['qwen3_5_text']}"
+    allow = "data.allow_embedded_task_with_user_model=true"
+    resolved = resolve_model_source(run_config(model, allow), verbose=False)
+    assert resolved.model_dir == family_dirs["qwen3_5_text"]
+    with pytest.raises(RunError, match=r"'linear_attention': it reads no attention mask"):
+        resolve_model_source(run_config(model, allow, "training.packing=true"), verbose=False)
