@@ -88,6 +88,16 @@ class Trainer:
         self._updates_in_batch = 0
         policy = getattr(engine, "policy", None)  # stub engines in tests hold no model
         shape = None if policy is None else moe_shape(policy)
+        if shape is not None and engine.world_size != engine.data_parallel_size:
+            # context parallelism: each rank routes a slice of every row's tokens
+            if shape.aux_coef:
+                raise ValueError(
+                    "the MoE model's router loss (router_aux_loss_coef in its config.json) is "
+                    "not computed under context parallelism: set "
+                    "training.engine.context_parallel_size=1, or output_router_logits=false in "
+                    "the model's config.json"
+                )
+            shape = None
         self.routers = None if shape is None else RouterRecorder(policy, shape)
         """The policy's routers (an MoE model): load balance and its auxiliary loss."""
 
