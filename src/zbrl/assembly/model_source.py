@@ -94,6 +94,7 @@ def resolve_model_source(cfg: RunConfig, *, verbose: bool = True) -> OpenedModel
         read_chat_template(m.chat_template)  # the file exists
     if m.path == EMBEDDED and m.tokenizer_path is None:
         return OpenedModel(None, None, None)  # built locally, with its own template
+    from zbrl.models.layer_types import check_model_layers
     from zbrl.models.quiet import quiet_transformers
     from zbrl.models.sources import check_model_dir, check_tokenizer_dir
 
@@ -102,6 +103,12 @@ def resolve_model_source(cfg: RunConfig, *, verbose: bool = True) -> OpenedModel
     if m.path != EMBEDDED:
         model_dir = user_model_dir(cfg, verbose=verbose)
         check_model_dir(model_dir, field="model.path", spec=m.path)
+        check_model_layers(
+            model_dir,
+            packing=cfg.training.packing,
+            where=f"model.path={m.path!r}",
+            trust_remote_code=m.trust_remote_code,
+        )
     tokenizer_dir = user_tokenizer_dir(cfg, verbose=verbose) or model_dir
     assert tokenizer_dir is not None  # the embedded model without a tokenizer_path returned
     field = "model.tokenizer_path" if m.tokenizer_path is not None else "model.path"

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from typing import Any
 
 import torch
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+from zbrl.models.moe import forward_kwargs
 
 
 def cache_argument(model: torch.nn.Module) -> str:
@@ -61,5 +65,57 @@ def prompt_head_cache(
         position_ids=left_padded_positions(head_mask),
         use_cache=True,
         logits_to_keep=1,
+        **forward_kwargs(model),
     )
     return output_cache(out)
+
+
+def repeat_cache_rows(cache: Any, n: int) -> None:
+    """Repeat every row of ``cache`` ``n`` times in place (row ``i`` becomes rows ``i*n`` to
+    ``i*n + n - 1``), whatever its layers hold: keys and values, or a linear-attention layer's
+    convolution and recurrent states (hybrid models such as Qwen3.5 and Qwen3-Next, whose
+    transformers cache layers have no ``batch_repeat_interleave``)."""
+    for layer in cache.layers:
+        _map_linear_states(layer, lambda state: state.repeat_interleave(n, dim=0))
+        if hasattr(layer, "batch_repeat_interleave"):  # keys and values (also of a mixed layer)
+            layer.batch_repeat_interleave(n)
+
+
+def select_cache_rows(cache: Any, index_B: torch.Tensor) -> None:
+    """Replace ``cache``'s rows by rows ``index_B`` (by indexing, so the gradient reaches the
+    pass that made the cache), for key/value and linear-attention layers alike.
+
+    A linear-attention layer's cache overwrites its recurrent state in place after the next
+    pass has read it, which autograd refuses when that state carries a gradient; its layers
+    are given an ``update_recurrent_state`` that stores the new state instead
+    (:func:`_store_recurrent_state`)."""
+    for layer in cache.layers:
+        _map_linear_states(layer, lambda state: state[index_B])
+        if hasattr(layer, "batch_select_indices"):
+            layer.batch_select_indices(index_B)
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            layer.update_recurrent_state = types.MethodType(_store_recurrent_state, layer)
+
+
+def _store_recurrent_state(
+    self: Any, recurrent_states: torch.Tensor | list[torch.Tensor], state_idx: int = 0, **kwargs
+) -> torch.Tensor:
+    """A linear-attention cache layer's ``update_recurrent_state`` that keeps the new state as
+    the tensor the model computed (no in-place copy into the previous one, which the backward
+    pass of the forward that read it still needs). Training passes only: no past recording."""
+    last = recurrent_states if isinstance(recurrent_states, torch.Tensor) else recurrent_states[-1]
+    self.recurrent_states[state_idx] = last
+    self.is_recurrent_states_initialized[state_idx] = True
+    return last
+
+
+def _map_linear_states(layer: Any, fn: Any) -> None:
+    """Apply ``fn`` to each convolution and recurrent state a linear-attention cache layer holds
+    (nothing for other layers)."""
+    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+        return
+    for i in range(layer.number_of_states):
+        if layer.is_conv_states_initialized[i]:
+            layer.conv_states[i] = fn(layer.conv_states[i])
+        if layer.is_recurrent_states_initialized[i]:
+            layer.recurrent_states[i] = fn(layer.recurrent_states[i])

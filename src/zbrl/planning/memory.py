@@ -209,13 +209,20 @@ def sequence_tokens(cfg: RunConfig) -> int:
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: int) -> int:
-    """Keys and values of one token in every layer."""
-    return shape.layers * shape.kv_heads * shape.head_dim * 2 * dtype
+    """Keys and values of one token in every layer that keeps them (a linear-attention layer
+    keeps a fixed state instead: :func:`state_bytes_per_sequence`)."""
+    return shape.attention_layers * shape.kv_heads * shape.head_dim * 2 * dtype
+
+
+def state_bytes_per_sequence(shape: ModelShape, dtype: int) -> int:
+    """The convolution and recurrent state of one sequence in every linear-attention layer
+    (whatever its length)."""
+    return shape.linear_layers * shape.linear_state_elements * dtype
 
 
 def layer_activation_bytes(shape: ModelShape, c: int, r: int, autocast: bool) -> int:
     """``a``: what one decoder layer keeps per token for the backward (module docstring)."""
-    h, q, k, i = shape.hidden, shape.q_width, shape.kv_width, shape.intermediate
+    h, q, k, i = shape.hidden, shape.q_width, shape.kv_width, shape.mlp_intermediate
     x_attn = 3 * c * h if autocast else r * h
     x_mlp = 2 * c * h if autocast else r * h
     return 16 * h + x_attn + c * (q + 2 * k) + 2 * c * q + x_mlp + 4 * c * i
@@ -298,7 +305,9 @@ def producer_memory(cfg: RunConfig, shape: ModelShape, gpu_bytes: int | None) ->
         tp = backend.tensor_parallel_size
         weights = i * shape.params // tp
         longest = backend.max_model_len or sequence_tokens(cfg)
-        kv_needed = longest * kv_bytes_per_token(shape, i) // tp
+        kv_needed = (
+            longest * kv_bytes_per_token(shape, i) + state_bytes_per_sequence(shape, i)
+        ) // tp
         runtime = RUNTIME_RESERVE_BYTES if on_gpu else 0
         if on_gpu and gpu_bytes is not None:
             claim = int(backend.gpu_memory_utilization * gpu_bytes)
@@ -317,7 +326,10 @@ def producer_memory(cfg: RunConfig, shape: ModelShape, gpu_bytes: int | None) ->
     rows = cfg.rollout.inference_microbatch_size * cfg.rollout.generation.num_generations
     device = {
         "weights": i * shape.params,
-        "KV cache": rows * sequence_tokens(cfg) * kv_bytes_per_token(shape, i),
+        "KV cache": rows
+        * (
+            sequence_tokens(cfg) * kv_bytes_per_token(shape, i) + state_bytes_per_sequence(shape, i)
+        ),
         "logits": rows * shape.vocab * 4,
     }
     if on_gpu:

@@ -176,8 +176,7 @@ def render(plan: MemoryPlan, cfg: RunConfig) -> str:
     host memory that offload uses."""
     shape = plan.shape
     lines = [
-        f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} layers, hidden "
-        f"{shape.hidden}, vocab {shape.vocab}); shape from {shape.source}",
+        f"model: {shape.params / 1e9:.3f}B parameters ({shape.summary}); shape from {shape.source}",
         f"consumer micro-batch: {plan.tokens_per_microbatch} tokens per rank; engine "
         f"{cfg.training.engine.type}, compute {cfg.model.dtype}, gradient checkpointing "
         f"{'on' if cfg.model.gradient_checkpointing else 'off'}",

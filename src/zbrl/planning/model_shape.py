@@ -53,6 +53,32 @@ class ModelShape:
     """RMSNorms on each head's queries and keys (Qwen3)."""
     source: str = ""
     """Where the shape was read, for the plan's output."""
+    attention_gate: bool = False
+    """The query projection also gives a per-channel output gate (twice as wide: Qwen3.5 and
+    Qwen3-Next full-attention layers)."""
+    out_bias_and_sinks: bool = False
+    """A bias on the output projection and one attention-sink logit per head (GPT-OSS)."""
+    experts: int = 0
+    """Routed experts per MoE layer (0: a dense model)."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (the active ones)."""
+    expert_intermediate: int = 0
+    """Each expert's gated-MLP width."""
+    shared_expert_intermediate: int = 0
+    """Width of the shared expert every token also runs, with its one-output gate (Qwen3-Next;
+    0: none)."""
+    expert_bias: bool = False
+    """Biases on the router and the experts' projections (GPT-OSS)."""
+    dense_layers: int = 0
+    """Layers of an MoE model whose MLP is dense (``intermediate`` wide)."""
+    linear_layers: int = 0
+    """Linear-attention (gated delta-net) layers: a convolution and a recurrent state per
+    sequence in place of keys and values (Qwen3.5, Qwen3-Next)."""
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv_kernel: int = 0
 
     @property
     def q_width(self) -> int:
@@ -67,16 +93,110 @@ class ModelShape:
         return self.vocab * self.hidden
 
     @property
-    def layer_params(self) -> int:
-        """One decoder layer: q, k, v, o projections (+ biases, + q/k norms), the gated MLP's
-        gate, up and down matrices, and its two RMSNorms."""
+    def summary(self) -> str:
+        """The shape in a few words: layers, hidden size, vocabulary, and where they apply the
+        experts (total / active parameters) and the linear-attention layers."""
+        parts = [f"{self.layers} layers", f"hidden {self.hidden}", f"vocab {self.vocab}"]
+        if self.experts:
+            parts.append(
+                f"{self.experts} experts, {self.experts_per_token} active: "
+                f"{self.active_params / 1e9:.3f}B active parameters"
+            )
+        if self.linear_layers:
+            parts.append(f"{self.linear_layers} linear-attention layers")
+        return ", ".join(parts)
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep keys and values (every layer but the linear-attention ones)."""
+        return self.layers - self.linear_layers
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def attention_params(self) -> int:
+        """A full-attention mixer: q (+ gate), k, v, o projections, their biases, q/k norms."""
         h, q, kv = self.hidden, self.q_width, self.kv_width
-        attention = h * q + 2 * h * kv + q * h
+        attention = h * q * (2 if self.attention_gate else 1) + 2 * h * kv + q * h
         if self.qkv_bias:
             attention += q + 2 * kv
         if self.qk_norm:
             attention += 2 * self.head_dim
-        return attention + 3 * h * self.intermediate + 2 * h
+        if self.out_bias_and_sinks:
+            attention += h + self.heads
+        return attention
+
+    @property
+    def linear_conv_channels(self) -> int:
+        """Channels of a linear-attention layer's convolution (queries, keys, values)."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
+
+    @property
+    def linear_attention_params(self) -> int:
+        """A gated delta-net mixer: input projections to q, k, v, the output gate z and the
+        per-head b, a; the depthwise convolution over q, k, v; per-head ``dt_bias``, ``A_log``;
+        the gated norm; the output projection."""
+        h, nv = self.hidden, self.linear_v_heads
+        vd = nv * self.linear_v_dim
+        conv = self.linear_conv_channels
+        projections = h * (conv + vd + 2 * nv) + vd * h
+        return projections + conv * self.linear_conv_kernel + 2 * nv + self.linear_v_dim
+
+    def expert_params(self, experts: int) -> int:
+        """An MoE block with ``experts`` of its routed experts counted (all of them: the
+        weights; ``experts_per_token``: what a token runs), its router and shared expert."""
+        h, e = self.hidden, self.expert_intermediate
+        routed = 3 * h * e + ((2 * e + h) if self.expert_bias else 0)
+        router = self.experts * h + (self.experts if self.expert_bias else 0)
+        shared = (
+            3 * h * self.shared_expert_intermediate + h if self.shared_expert_intermediate else 0
+        )
+        return experts * routed + router + shared
+
+    def _layers_params(self, experts: int) -> int:
+        mixers = (
+            self.attention_layers * self.attention_params
+            + self.linear_layers * self.linear_attention_params
+        )
+        dense = (self.layers - self.moe_layers) * 3 * self.hidden * self.intermediate
+        moe = self.moe_layers * self.expert_params(experts) if self.experts else 0
+        return mixers + dense + moe + self.layers * 2 * self.hidden
+
+    @property
+    def layer_params(self) -> int:
+        """The largest decoder layer (what FSDP2 gathers one at a time): its mixer
+        (attention or linear attention), its MLP (dense or MoE, every expert), two RMSNorms."""
+        mixer = self.attention_params if self.attention_layers else self.linear_attention_params
+        if self.linear_layers and self.attention_layers:
+            mixer = max(mixer, self.linear_attention_params)
+        mlp = 3 * self.hidden * self.intermediate if self.moe_layers < self.layers else 0
+        if self.experts:
+            mlp = max(mlp, self.expert_params(self.experts))
+        return mixer + mlp + 2 * self.hidden
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: all of a dense model's, an MoE model's with
+        ``experts_per_token`` of its routed experts (the compute per token, not the memory)."""
+        return self._layers_params(self.experts_per_token or self.experts) + self.root_params
+
+    @property
+    def mlp_intermediate(self) -> int:
+        """The MLP width a token runs through in the widest layer (active experts and shared
+        expert of an MoE layer): what its activations scale with."""
+        if not self.experts:
+            return self.intermediate
+        moe = self.experts_per_token * self.expert_intermediate + self.shared_expert_intermediate
+        return max(moe, self.intermediate if self.dense_layers else 0)
+
+    @property
+    def linear_state_elements(self) -> int:
+        """One sequence's state in one linear-attention layer: the convolution's last
+        ``linear_conv_kernel`` inputs and the per-head ``k_dim × v_dim`` recurrent state."""
+        conv = self.linear_conv_channels * self.linear_conv_kernel
+        return conv + self.linear_v_heads * self.linear_k_dim * self.linear_v_dim
 
     @property
     def root_params(self) -> int:
@@ -86,7 +206,8 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
+        """Every parameter (every expert of an MoE model: the weights held in memory)."""
+        return self._layers_params(self.experts) + self.root_params
 
     @property
     def matrix_params(self) -> int:
@@ -133,6 +254,10 @@ def shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
             qkv_bias=model_type == "qwen2" if qkv_bias is None else bool(qkv_bias),
             qk_norm=model_type.startswith("qwen3"),
             source=source,
+            attention_gate=model_type.startswith(("qwen3_next", "qwen3_5")),
+            out_bias_and_sinks=model_type == "gpt_oss",
+            **_moe_fields(config, model_type),
+            **_linear_fields(config),
         )
     except KeyError as exc:
         raise RunError(
@@ -140,6 +265,58 @@ def shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
             "configs (num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, "
             "vocab_size)"
         ) from None
+
+
+def layer_types(config: dict[str, Any]) -> list[str]:
+    """The layer types a ``config.json`` names (``full_attention_interval``: every n-th layer
+    full attention, the others linear), all full attention when it names none."""
+    layers = config["num_hidden_layers"]
+    if config.get("layer_types"):
+        return list(config["layer_types"])
+    interval = config.get("full_attention_interval")
+    if interval:
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(layers)
+        ]
+    return ["full_attention"] * layers
+
+
+def _moe_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The MoE fields of :class:`ModelShape` from a ``config.json`` (none for a dense model):
+    Qwen3-MoE / Qwen3-Next name the expert width ``moe_intermediate_size`` and may keep some
+    layers dense (``mlp_only_layers``, ``decoder_sparse_step``); GPT-OSS's experts are
+    ``intermediate_size`` wide."""
+    experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    if not experts:
+        return {}
+    layers = config["num_hidden_layers"]
+    step = config.get("decoder_sparse_step") or 1
+    dense_only = set(config.get("mlp_only_layers") or [])
+    dense = sum(1 for i in range(layers) if i in dense_only or (i + 1) % step != 0)
+    return {
+        "experts": experts,
+        "experts_per_token": config.get("num_experts_per_tok") or 1,
+        "expert_intermediate": config.get("moe_intermediate_size") or config["intermediate_size"],
+        "shared_expert_intermediate": config.get("shared_expert_intermediate_size") or 0,
+        "expert_bias": model_type == "gpt_oss",
+        "dense_layers": dense,
+    }
+
+
+def _linear_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The linear-attention fields of :class:`ModelShape` (none without such layers)."""
+    linear = layer_types(config).count("linear_attention")
+    if not linear:
+        return {}
+    return {
+        "linear_layers": linear,
+        "linear_k_heads": config["linear_num_key_heads"],
+        "linear_v_heads": config["linear_num_value_heads"],
+        "linear_k_dim": config["linear_key_head_dim"],
+        "linear_v_dim": config["linear_value_head_dim"],
+        "linear_conv_kernel": config["linear_conv_kernel_dim"],
+    }
 
 
 KNOWN_SHAPES: dict[str, ModelShape] = {

@@ -39,7 +39,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from zbrl.models.cpu_attention import SDPA_FLOAT32
-from zbrl.models.kv_cache import cache_argument, left_padded_positions, output_cache
+from zbrl.models.kv_cache import (
+    cache_argument,
+    left_padded_positions,
+    output_cache,
+    select_cache_rows,
+)
+from zbrl.models.moe import forward_kwargs
 
 
 @dataclass(frozen=True)
@@ -141,10 +147,23 @@ class ModelInputs:
         if self.packed is not None:
             return _packed_logits(model, self.packed)
         if self.prompts is None:
-            return model(input_ids=self.input_ids_BT, attention_mask=self.attention_BT).logits[
-                :, :-1
-            ]
+            out = model(
+                input_ids=self.input_ids_BT,
+                attention_mask=self.attention_BT,
+                **forward_kwargs(model),
+            )
+            return out.logits[:, :-1]
         return _shared_prompt_logits(model, self.prompts, self.input_ids_BT, self.attention_BT)
+
+    def token_masks(self) -> list[torch.Tensor]:
+        """Which tokens of each forward pass :meth:`logits` runs are real (bool, one tensor per
+        pass in call order, shaped like that pass's input ids): what an MoE router's load
+        balance is computed over (:mod:`zbrl.models.moe`)."""
+        if self.packed is not None:
+            return [self.packed.group_PN >= 0]
+        if self.prompts is None:
+            return [self.attention_BT.bool()]
+        return [self.prompts.prompt_attention_UP.bool(), self.attention_BT.bool()]
 
 
 def _shared_prompt_logits(
@@ -160,10 +179,11 @@ def _shared_prompt_logits(
         position_ids=left_padded_positions(attention_UP),
         use_cache=True,
         logits_to_keep=1,  # only the last prompt position predicts a response token
+        **forward_kwargs(model),
     )
     index_B = prompts.prompt_index_B
     cache = output_cache(first)
-    cache.batch_select_indices(index_B)  # indexing: the gradient reaches the prompt pass
+    select_cache_rows(cache, index_B)  # indexing: the gradient reaches the prompt pass
     starts_B = attention_UP.sum(1)[index_B]
     width = response_ids_BR.shape[1]
     # The whole response goes in, though its last token predicts nothing trained: the pass is
@@ -174,6 +194,7 @@ def _shared_prompt_logits(
         attention_mask=torch.cat([attention_UP[index_B], response_attention_BR], dim=1),
         position_ids=starts_B[:, None] + torch.arange(width, device=starts_B.device)[None, :],
         **{cache_argument(model): cache},
+        **forward_kwargs(model),
     )
     return torch.cat([first.logits[index_B, -1:], rest.logits[:, :-1]], dim=1)
 
@@ -185,5 +206,6 @@ def _packed_logits(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
         attention_mask=packed_attention_mask(model, allowed),
         position_ids=packed.position_ids_PN,
         logits_to_keep=packed.keep_K,  # the prompts' other positions predict nothing trained
+        **forward_kwargs(model),
     )
     return out.logits.flatten(0, 1)[packed.gather_BR]

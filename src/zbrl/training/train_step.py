@@ -6,7 +6,8 @@ step drives, so the same step runs on one process or data-parallel ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -18,7 +19,9 @@ from zbrl.algorithms.gae import value_loss
 from zbrl.algorithms.logprobs import logprobs_and_entropy
 from zbrl.algorithms.mismatch import split_mismatch_metrics
 from zbrl.algorithms.policy_loss import LossConfig, LossInputs, LossOutputs, compute_policy_loss
+from zbrl.models.moe import RouterRecorder, load_balance, moe_shape
 from zbrl.training.engine.base import Engine
+from zbrl.training.model_inputs import ModelInputs
 from zbrl.training.rows import (
     MicroBatch,
     MicroBatching,
@@ -83,6 +86,20 @@ class Trainer:
         self.engine = engine
         self.settings = settings
         self._updates_in_batch = 0
+        policy = getattr(engine, "policy", None)  # stub engines in tests hold no model
+        shape = None if policy is None else moe_shape(policy)
+        if shape is not None and engine.world_size != engine.data_parallel_size:
+            # context parallelism: each rank routes a slice of every row's tokens
+            if shape.aux_coef:
+                raise ValueError(
+                    "the MoE model's router loss (router_aux_loss_coef in its config.json) is "
+                    "not computed under context parallelism: set "
+                    "training.engine.context_parallel_size=1, or output_router_logits=false in "
+                    "the model's config.json"
+                )
+            shape = None
+        self.routers = None if shape is None else RouterRecorder(policy, shape)
+        """The policy's routers (an MoE model): load balance and its auxiliary loss."""
 
     @property
     def optimizer_steps(self) -> int:
@@ -213,14 +230,16 @@ class Trainer:
         counts (see :func:`split_mismatch_metrics`)."""
         s = self.settings
         dev = self.engine.device
-        inputs = mb.model_inputs().to(dev)
+        model_inputs = mb.model_inputs().to(dev)
         targets = mb.targets_BT.to(dev)
-        logits = self.engine.policy_logits(inputs)
+        routed = nullcontext([]) if self.routers is None else self.routers.recording()
+        with routed as router_logits:
+            logits = self.engine.policy_logits(model_inputs)
         logp, entropy = self._token_logprobs(logits, targets, mb.temperatures_B)
         ref_logp = None
         if s.loss.beta > 0:
             with torch.no_grad():
-                ref_logits = self.engine.reference_logits(inputs)
+                ref_logits = self.engine.reference_logits(model_inputs)
                 ref_logp, _ = self._token_logprobs(ref_logits, targets, mb.temperatures_B)
         if s.loss.entropy_coef == 0 and entropy is not None:
             entropy = entropy.detach()
@@ -237,11 +256,37 @@ class Trainer:
             proximal_logprobs_BT=self._proximal(mb, old_logp, logp, steps_per_batch),
         )
         out = compute_policy_loss(s.policy_loss, inputs, s.loss, norm)
+        if self.routers is not None:
+            out = self._with_router_loss(out, model_inputs, router_logits, mb, norm)
         # the producer's log-probs (rows' behaviour log-probs) against this recomputation: the
         # weights computing it are the trained version only before the batch's first update
         behind_BT = mb.behind_BT.to(dev)
         same_weights_BT = (behind_BT == 0) & (self._updates_in_batch == 0)
         return out, split_mismatch_metrics(logp, old_logp, inputs.mask_BT, same_weights_BT)
+
+    def _with_router_loss(
+        self,
+        out: LossOutputs,
+        model_inputs: ModelInputs,
+        router_logits: list[torch.Tensor],
+        mb: MicroBatch,
+        norm: Normalisers,
+    ) -> LossOutputs:
+        """``out`` with the MoE router's load-balancing loss added (weighted by the
+        micro-batch's share of the step's trained tokens, as the policy loss is normalised) and
+        its metrics: ``router_aux_loss`` and ``expert_load_imbalance``."""
+        routers = self.routers
+        shape = routers.shape
+        pairs = routers.per_layer(model_inputs.token_masks())
+        balance = load_balance(pairs, shape.num_experts, shape.top_k, routers.routers_per_pass)
+        share = float(mb.mask_BT.sum()) / max(norm.tokens, 1.0)
+        loss = out.loss + shape.aux_coef * share * balance.aux_loss if shape.aux_coef else out.loss
+        metrics = dict(out.metrics)
+        metrics.update(
+            router_aux_loss=float(balance.aux_loss.detach()),
+            expert_load_imbalance=balance.imbalance,
+        )
+        return replace(out, loss=loss, metrics=metrics)
 
     def _proximal(
         self, mb: MicroBatch, old_logp: torch.Tensor, logp: torch.Tensor, steps_per_batch: int

@@ -10,7 +10,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import TransformersBackend as TransformersOptions
-from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache
+from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache, repeat_cache_rows
+from zbrl.models.moe import forward_kwargs
 from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
 from zbrl.rollout.backends.transformers.fast_decode import FastDecoder, unsupported
 from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
@@ -108,6 +109,7 @@ class TransformersBackend:
             "output_logits": True,
             "pad_token_id": self.pad_id,
             "eos_token_id": sorted(self.eos_ids),
+            **forward_kwargs(self.model),  # an MoE model's router loss: off in generation
         }
         if not greedy:
             kwargs.update(
@@ -165,7 +167,7 @@ class TransformersBackend:
         every prompt n times): ``generate`` then starts at the last prompt token. The samples
         are the same (same logits, same random draws); the prompt's work is done once."""
         cache = prompt_head_cache(self.model, input_ids, attention)
-        cache.batch_repeat_interleave(n)
+        repeat_cache_rows(cache, n)
         kwargs.update(num_return_sequences=1, **{cache_argument(self.model): cache})
         return input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
 
