@@ -1,6 +1,7 @@
-"""The endpoint's HTTP server: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
-over the Python standard library's threading HTTP server (one thread per connection; no
-streaming), on loopback unless configured otherwise.
+"""The endpoint's HTTP server: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``
+and ``/v1/models`` over the Python standard library's threading HTTP server (one thread per
+connection; ``stream: true`` answered as events synthesized from the finished answer,
+:mod:`zbrl.rollout.endpoint.streaming`), on loopback unless configured otherwise.
 
 Which episode a request belongs to is its API key (``Authorization: Bearer <key>``, or the
 ``X-Zbrl-Episode`` header, which wins): the episode runner opens an episode with
@@ -28,6 +29,7 @@ from typing import Any
 from zbrl.errors import RunError
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.endpoint import openai_api as api
+from zbrl.rollout.endpoint import streaming
 from zbrl.rollout.endpoint.calls import CallQueue
 from zbrl.rollout.endpoint.conversation import ConversationTokens, Renderer
 
@@ -274,14 +276,23 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             auth = self.headers.get("Authorization") or ""
             bearer = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
             key = self.headers.get(api.EPISODE_HEADER) or bearer
-            self._send(key, *self._answer(key, raw))
-
-        def _answer(self, key: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
+            body = None
             try:
                 body = json.loads(raw or b"null")
-                return 200, endpoint.handle(self.path, key, body)
             except json.JSONDecodeError as e:
-                return 400, api.error_body(f"the body is not JSON: {e}", "invalid_json")
+                status, payload = 400, api.error_body(f"the body is not JSON: {e}", "invalid_json")
+            else:
+                status, payload = self._answer(key, body)
+            stream, include_usage = streaming.stream_options(body)
+            if status == 200 and stream:
+                events = streaming.event_stream(payload, include_usage)
+                self._write(key, status, "text/event-stream", events)
+            else:
+                self._send(key, status, payload)
+
+        def _answer(self, key: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+            try:
+                return 200, endpoint.handle(self.path, key, body)
             except api.RequestError as e:
                 return e.status, api.error_body(str(e), e.code)
             except TimeoutError:
@@ -291,10 +302,12 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 return 500, api.error_body(f"{type(e).__name__}: {e}", "server_error")
 
         def _send(self, key: str | None, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            self._write(key, status, "application/json", json.dumps(payload).encode())
+
+        def _write(self, key: str | None, status: int, content_type: str, data: bytes) -> None:
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
