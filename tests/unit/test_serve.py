@@ -29,6 +29,9 @@ def test_serve_answers_an_openai_client(tiny_model_dir):
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert streamed == first.choices[0].message.content  # greedy: the same answer, streamed
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        response = client.responses.create(model="m", input="1+2", max_output_tokens=4)
+        assert response.output_text == first.choices[0].message.content
+        assert 1 <= response.usage.output_tokens <= 4
     finally:
         serving.stop()
 

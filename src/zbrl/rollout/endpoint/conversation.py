@@ -69,6 +69,9 @@ class ConversationTokens:
     messages: list[dict[str, Any]] | None = None
     tools: Any = None
     last_model_ids: list[int] = field(default_factory=list)
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """``/v1/responses`` answers by id: the conversation each continues (without instructions;
+    ``previous_response_id``)."""
     ended: bool = False
     """Past a limit: the episode is over (truncated); later calls get an empty answer."""
     lock: threading.Lock = field(default_factory=threading.Lock)

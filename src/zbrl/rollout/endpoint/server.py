@@ -29,7 +29,7 @@ from typing import Any
 from zbrl.errors import RunError
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.endpoint import openai_api as api
-from zbrl.rollout.endpoint import streaming
+from zbrl.rollout.endpoint import responses, streaming
 from zbrl.rollout.endpoint.calls import CallQueue
 from zbrl.rollout.endpoint.conversation import ConversationTokens, Renderer
 
@@ -137,9 +137,10 @@ class Endpoint:
     def handle(self, path: str, key: str | None, body: Any) -> dict[str, Any]:
         """The JSON answer to a POST of ``body`` to ``path``; a RequestError otherwise."""
         chat = path.endswith("/chat/completions")
-        if not chat and not path.endswith("/completions"):
+        asked = responses.read_responses_request(body) if path.endswith("/responses") else None
+        if not chat and asked is None and not path.endswith("/completions"):
             raise api.RequestError(f"no such endpoint: {path}", status=404, code="not_found")
-        request = api.read_request(body, chat=chat)
+        request = api.read_request(body, chat=chat) if asked is None else None
         episode = self._episode(key)
         tokens = episode.tokens if episode else ConversationTokens(self.renderer)
         if not tokens.lock.acquire(blocking=False):
@@ -149,6 +150,9 @@ class Endpoint:
                 code="concurrent_request",
             )
         try:
+            if asked is not None:
+                return self._respond(asked, tokens, episode)
+            assert request is not None
             return self._complete(request, tokens, episode, chat)
         finally:
             tokens.lock.release()
@@ -216,6 +220,18 @@ class Endpoint:
             )
         tokens.record(generated, None)
         return api.text_response(self.model_name, c.text, c.finish_reason, n_prompt, n_completion)
+
+    def _respond(
+        self, asked: responses.ResponsesRequest, tokens: ConversationTokens, episode: _Open | None
+    ) -> dict[str, Any]:
+        """A ``/v1/responses`` request, completed on the chat path."""
+        history = responses.history_of(tokens.responses, asked.previous_response_id)
+        conversation = history + asked.items
+        request = api.read_request(asked.chat_body(history), chat=True)
+        chat = self._complete(request, tokens, episode, True)
+        response = responses.response_object(chat, asked)
+        tokens.responses[response["id"]] = [*conversation, responses.answered_message(chat)]
+        return response
 
     def _end(self, tokens: ConversationTokens, limit: str, chat: bool) -> dict[str, Any]:
         """An episode past a limit ends, truncated, as a built-in episode does (counted in
