@@ -63,11 +63,13 @@ class LastNumber(BaseReward):
         return RewardResult(reward=float(right), format_acc=1.0, ans_acc=float(right))
 
 
-def agent_runner(agent, timeout_s=20.0, tokenizer=TOKENIZER, eos_ids=frozenset({EOS})):
+def agent_runner(
+    agent, timeout_s=20.0, tokenizer=TOKENIZER, eos_ids=frozenset({EOS}), on_change="segment"
+):
     """A long batching window: a batch closes when every running episode has called."""
     settings = replace(SETTINGS, batch_window_s=10.0)
     endpoint = Endpoint(Renderer(tokenizer, set(eos_ids)), settings, "policy")
-    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, timeout_s))
+    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, timeout_s), on_change)
     formatter = TurnFormatter(tokenizer, "user", eos_ids=set(eos_ids))
     return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(4, 200))
 
@@ -158,7 +160,9 @@ def test_a_program_runs_an_episode_with_the_openai_environment_variables():
     launcher = AgentLauncher(None, [sys.executable, "-c", PROGRAM], timeout_s=60.0)
     formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
     runner = EpisodeRunner(
-        AgentEnvironment(endpoint, launcher), ChatTranscript(formatter), EpisodeLimitSettings(4, 99)
+        AgentEnvironment(endpoint, launcher, "segment"),
+        ChatTranscript(formatter),
+        EpisodeLimitSettings(4, 99),
     )
     (group,) = runner.run(backend.generate, [encoded("2*3")], sampling_params(n=1))
     (c,) = group

@@ -71,7 +71,7 @@ def calculator_script(context, sample):
 def tools_runner(tokenizer):
     agent = build_agent(VerifiersEnvironment(taskset="vf_calc", limits={"tool_timeout_s": 1.0}))
     endpoint = Endpoint(Renderer(tokenizer, {EOS}), replace(SETTINGS, batch_window_s=10.0), "p")
-    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, 120.0))
+    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, 120.0), "refuse")
     formatter = TurnFormatter(tokenizer, "user", eos_ids={EOS})
     return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(6, 1200))
 

@@ -171,6 +171,12 @@ class EndpointEnvironment(EnvironmentBase):
     """On the embedded model: ``calculator`` takes the tool demo's task files and warm start
     (calculator traces in the ``tags`` format, ``<calc>…</calc>``), for an agent that calls a
     calculator that way; ``none``: the plain task's."""
+    on_history_change: Literal["segment", "refuse"] = "segment"
+    """A request whose history is not what the episode holds (a chat template that drops past
+    reasoning, an agent that summarises or re-serialises its history): ``segment`` keeps what
+    the episode generated so far as a trained segment and starts the next one from the request,
+    rendered afresh (``env/segments``; every segment shares the episode's reward);
+    ``refuse`` answers it 409 ``prefix_mismatch``."""
 
 
 class AgentEnvironment(EndpointEnvironment):

@@ -47,7 +47,7 @@ from zbrl.environments.base import (
 )
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rollout.backends.base import Completion, SamplingParams
-from zbrl.types import EncodedPrompt
+from zbrl.types import EncodedPrompt, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,9 @@ class EpisodeCompletion(Completion):
     failure: str | None = None
     """Why the episode failed (an agent's timeout, crash or malformed result); a group with a
     failed episode is dropped, never trained (``RolloutGroup.episode_failures``)."""
+    segments: list[Segment] = field(default_factory=list)
+    """An agent episode whose history changed: its later segments (this completion is the
+    first), each trained as a sequence of its own with the episode's reward."""
 
 
 class Transcript(Protocol):

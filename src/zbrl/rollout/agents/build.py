@@ -35,7 +35,8 @@ def build_agent_environment(
         ),
         model_name="policy",
     )
-    return AgentEnvironment(endpoint, AgentLauncher(run, command, cfg.timeout_s))
+    launcher = AgentLauncher(run, command, cfg.timeout_s)
+    return AgentEnvironment(endpoint, launcher, cfg.on_history_change)
 
 
 def build_agent(cfg: EndpointEnvironment) -> Any:

@@ -24,10 +24,10 @@ import torch
 from zbrl.rollout.agents.launch import AgentLauncher, AgentOutcome
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.endpoint.calls import answer
-from zbrl.rollout.endpoint.conversation import ConversationTokens
+from zbrl.rollout.endpoint.conversation import ConversationTokens, TokenSegment
 from zbrl.rollout.endpoint.server import Endpoint, EpisodeBudget
 from zbrl.rollout.episodes import EpisodeCompletion, EpisodeLimitSettings, Generate
-from zbrl.types import EncodedPrompt
+from zbrl.types import EncodedPrompt, Segment
 
 POLL_S = 0.05
 """How often the runner's thread looks again for calls while agents work."""
@@ -36,9 +36,10 @@ POLL_S = 0.05
 class AgentEnvironment:
     """Episodes run by a user's agent through ``endpoint`` (see the module docstring)."""
 
-    def __init__(self, endpoint: Endpoint, launcher: AgentLauncher) -> None:
+    def __init__(self, endpoint: Endpoint, launcher: AgentLauncher, on_history_change: str) -> None:
         self.endpoint = endpoint
         self.launcher = launcher
+        self.on_history_change = on_history_change
 
     def run_episodes(
         self,
@@ -51,7 +52,7 @@ class AgentEnvironment:
         """``params.n`` agent episodes per prompt, every call answered by ``generate``."""
         base_url = self.endpoint.start()
         self.endpoint.episode_params = replace(params, n=1)
-        budget = EpisodeBudget(limits.max_turns, limits.max_total_tokens)
+        budget = EpisodeBudget(limits.max_turns, limits.max_total_tokens, self.on_history_change)
         started = [
             [
                 (key, self.launcher.launch(base_url, key, p.example))
@@ -81,7 +82,8 @@ def _group(
     episodes: list[tuple[ConversationTokens, AgentOutcome]], version: int
 ) -> list[EpisodeCompletion]:
     """A group's episodes after their shared prompt (see the module docstring)."""
-    shared = _shared_prefix([t.ids[: t.prompt_len] for t, _ in episodes])
+    firsts = [t.segments()[0] for t, _ in episodes]
+    shared = _shared_prefix([s.ids[: s.prompt_len] for s in firsts])
     return [_completion(t, o, shared, version) for t, o in episodes]
 
 
@@ -96,23 +98,38 @@ def _shared_prefix(prompts: list[list[int]]) -> list[int]:
 def _completion(
     t: ConversationTokens, outcome: AgentOutcome, shared: list[int], version: int
 ) -> EpisodeCompletion:
+    """The episode as a completion: its first segment after the group's prompt, its later
+    segments (a changed history) as :class:`~zbrl.types.Segment` s of their own."""
+    first, *later = t.segments()
     start = len(shared)
-    ids = t.ids[start:]
     counts = dict(t.counts)
     for name, n in outcome.counts.items():
         counts[name] = counts.get(name, 0) + n
-    counts["turns"] = len(t.calls)
+    counts["turns"] = t.calls_made()
+    counts["segments"] = 1 + len(later)
     failure = outcome.failure
-    if failure is None and not t.calls:
+    if failure is None and not t.calls_made():
         failure, outcome = "agent_no_calls", replace(outcome, detail="the agent never called")
     if failure is not None:
         counts[failure] = counts.get(failure, 0) + 1
         counts["agent_failures"] = 1
-    last = t.calls[-1] if t.calls else None
-    versions = t.versions[start:]
+    last_segment = later[-1] if later else first
+    last = last_segment.calls[-1] if last_segment.calls else None
+    versions = first.versions[start:]
+    turns = _turns(t, first, start)
+    for k, seg in enumerate(later, start=1):
+        turns += [{**turn, "segment": k} for turn in _turns(t, seg, seg.prompt_len)]
+    if turns:
+        turns[-1].setdefault("info", {})["agent"] = (
+            {"reward": outcome.reward}
+            if outcome.reward is not None
+            else {"answer": outcome.answer}
+            if outcome.answer is not None
+            else {"failure": outcome.failure, "detail": outcome.detail}
+        )
     return EpisodeCompletion(
-        token_ids=torch.tensor(ids, dtype=torch.long),
-        logprobs=torch.tensor(t.logprobs[start:], dtype=torch.float32),
+        token_ids=torch.tensor(first.ids[start:], dtype=torch.long),
+        logprobs=torch.tensor(first.logprobs[start:], dtype=torch.float32),
         text=outcome.answer if outcome.answer is not None else (last["text"] if last else ""),
         finish_reason="length"
         if t.ended or (last and last["finish_reason"] == "length")
@@ -122,40 +139,47 @@ def _completion(
             if any(v != version for v in versions)
             else None
         ),
-        loss_mask=torch.tensor(t.mask[start:], dtype=torch.bool),
-        turns=_turns(t, start, outcome),
+        loss_mask=torch.tensor(first.mask[start:], dtype=torch.bool),
+        turns=turns,
         counts=counts,
         prompt_ids=shared,
         given_reward=outcome.reward,
         failure=None if failure is None else f"{failure}: {outcome.detail}",
+        segments=[_segment(seg) for seg in later],
     )
 
 
-def _turns(t: ConversationTokens, start: int, outcome: AgentOutcome) -> list[dict[str, Any]]:
-    """The episode turn by turn: rendered stretches (``env``, untrained) and calls (``model``)."""
+def _segment(seg: TokenSegment) -> Segment:
+    p = seg.prompt_len
+    return Segment(
+        prompt_ids=seg.ids[:p],
+        response_ids=torch.tensor(seg.ids[p:], dtype=torch.long),
+        behaviour_logprobs=torch.tensor(seg.logprobs[p:], dtype=torch.float32),
+        loss_mask=torch.tensor(seg.mask[p:], dtype=torch.bool),
+        token_versions=torch.tensor(seg.versions[p:], dtype=torch.long),
+    )
+
+
+def _turns(t: ConversationTokens, seg: TokenSegment, start: int) -> list[dict[str, Any]]:
+    """A segment turn by turn after its first ``start`` ids: rendered stretches (``env``,
+    untrained) and calls (``model``)."""
     turns: list[dict[str, Any]] = []
     at = start
-    for call in t.calls:
+    for call in seg.calls:
         begin = call["prompt_tokens"]
         end = begin + len(call["completion_ids"])
         if begin > at:
-            turns.append(_turn("env", t, at, begin, start, trained=False))
-        turns.append(_turn("model", t, begin, end, start, trained=True))
+            turns.append(_turn("env", t, seg.ids, at, begin, start, trained=False))
+        turns.append(_turn("model", t, seg.ids, begin, end, start, trained=True))
         turns[-1]["policy_version"] = call["version"]
         if call["tool_calls"]:
             turns[-1]["info"] = {"tool_calls": call["tool_calls"]}
         at = end
-    if turns:
-        turns[-1].setdefault("info", {})["agent"] = (
-            {"reward": outcome.reward}
-            if outcome.reward is not None
-            else {"answer": outcome.answer}
-            if outcome.answer is not None
-            else {"failure": outcome.failure, "detail": outcome.detail}
-        )
     return turns
 
 
-def _turn(role: str, t: ConversationTokens, a: int, b: int, start: int, *, trained: bool):
-    text = t.renderer.decode(t.ids[a:b], skip_special=False)
+def _turn(
+    role: str, t: ConversationTokens, ids: list[int], a: int, b: int, start: int, *, trained: bool
+) -> dict[str, Any]:
+    text = t.renderer.decode(ids[a:b], skip_special=False)
     return {"role": role, "start": a - start, "end": b - start, "text": text, "trained": trained}

@@ -53,10 +53,13 @@ class EndpointSettings:
 
 @dataclass(frozen=True)
 class EpisodeBudget:
-    """An episode's limits: completion calls and tokens after its first prompt."""
+    """An episode's limits (completion calls, tokens after its prompts) and what a request
+    that changes its history does."""
 
     max_calls: int
     max_total_tokens: int
+    on_history_change: str = "refuse"
+    """``segment``: it starts a new segment of the episode; ``refuse``: 409 ``prefix_mismatch``."""
 
 
 @dataclass
@@ -124,7 +127,10 @@ class Endpoint:
         """A new episode; its API key."""
         key = "zbrl-ep-" + secrets.token_hex(12)
         with self._lock:
-            self._episodes[key] = _Open(ConversationTokens(self.renderer), budget)
+            tokens = ConversationTokens(
+                self.renderer, segment_on_change=budget.on_history_change == "segment"
+            )
+            self._episodes[key] = _Open(tokens, budget)
         return key
 
     def close_episode(self, key: str) -> ConversationTokens:
@@ -192,7 +198,7 @@ class Endpoint:
     ) -> dict[str, Any]:
         if episode is not None and tokens.ended:
             return self._ended(chat)
-        if episode is not None and len(tokens.calls) >= episode.budget.max_calls:
+        if episode is not None and tokens.calls_made() >= episode.budget.max_calls:
             return self._end(tokens, "turn_limit", chat)
         before = len(tokens.ids)
         if chat:
@@ -201,9 +207,7 @@ class Endpoint:
         else:
             assert request.prompt is not None
             context = tokens.text_context(request.prompt)
-        if episode is not None and (
-            len(tokens.ids) - tokens.prompt_len >= episode.budget.max_total_tokens
-        ):
+        if episode is not None and tokens.tokens_used() >= episode.budget.max_total_tokens:
             tokens.cut(before)  # the message that leaves no room is not part of the episode
             return self._end(tokens, "token_limit", chat)
         params = self._params(request, tokens, episode)
@@ -264,7 +268,7 @@ class Endpoint:
         else:
             assert self.episode_params is not None, "episodes opened without sampling params"
             base = self.episode_params
-            room = episode.budget.max_total_tokens - (len(tokens.ids) - tokens.prompt_len)
+            room = episode.budget.max_total_tokens - tokens.tokens_used()
         limit = min(base.max_new_tokens, room, request.max_tokens or room)
         stops = tuple(dict.fromkeys(base.stop_strings + request.stop))
         return replace(base, n=1, max_new_tokens=limit, stop_strings=stops)
