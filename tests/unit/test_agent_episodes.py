@@ -14,7 +14,7 @@ from test_endpoint import SETTINGS, calc_then_answer
 
 from zbrl.environments.tools import Calculator
 from zbrl.rewards.base import BaseReward, RewardResult
-from zbrl.rollout.agents.environment import AgentEnvironment
+from zbrl.rollout.agents.environment import AgentEnvironment, AgentSettings
 from zbrl.rollout.agents.launch import AgentLauncher
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint
@@ -64,12 +64,18 @@ class LastNumber(BaseReward):
 
 
 def agent_runner(
-    agent, timeout_s=20.0, tokenizer=TOKENIZER, eos_ids=frozenset({EOS}), on_change="segment"
+    agent,
+    timeout_s=20.0,
+    tokenizer=TOKENIZER,
+    eos_ids=frozenset({EOS}),
+    on_change="segment",
+    retries=0,
 ):
     """A long batching window: a batch closes when every running episode has called."""
     settings = replace(SETTINGS, batch_window_s=10.0)
     endpoint = Endpoint(Renderer(tokenizer, set(eos_ids)), settings, "policy")
-    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, timeout_s), on_change)
+    agents = AgentSettings(on_change, timeout_s, retries)
+    env = AgentEnvironment(endpoint, AgentLauncher(agent, None), agents)
     formatter = TurnFormatter(tokenizer, "user", eos_ids=set(eos_ids))
     return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(4, 200))
 
@@ -157,10 +163,10 @@ print(json.dumps(reply.choices[0].message.content))
 def test_a_program_runs_an_episode_with_the_openai_environment_variables():
     backend = ScriptedBackend(calc_then_answer)
     endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
-    launcher = AgentLauncher(None, [sys.executable, "-c", PROGRAM], timeout_s=60.0)
+    launcher = AgentLauncher(None, [sys.executable, "-c", PROGRAM])
     formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
     runner = EpisodeRunner(
-        AgentEnvironment(endpoint, launcher, "segment"),
+        AgentEnvironment(endpoint, launcher, AgentSettings("segment", 60.0, 0)),
         ChatTranscript(formatter),
         EpisodeLimitSettings(4, 99),
     )
@@ -168,7 +174,7 @@ def test_a_program_runs_an_episode_with_the_openai_environment_variables():
     (c,) = group
     assert c.failure is None and c.text == "<calc>2*3</calc>" and c.given_reward is None
     assert c.token_ids[c.loss_mask].tolist() == backend.generated[0][1]
-    crashing = AgentLauncher(None, [sys.executable, "-c", "raise SystemExit(3)"], 60.0)
+    crashing = AgentLauncher(None, [sys.executable, "-c", "raise SystemExit(3)"])
     outcome = crashing.launch(endpoint.base_url, "k", {}).result()
     assert outcome.failure == "agent_crashes" and outcome.detail.startswith("exit 3")
 

@@ -164,7 +164,13 @@ class EndpointEnvironment(EnvironmentBase):
     ``verifiers``, docs/agents.md)."""
 
     timeout_s: float = Field(default=300.0, gt=0)
-    """Longest an episode may run; past it the episode is dropped (``env/agent_timeouts``)."""
+    """Longest an episode may go without making a request or getting an answer (its agent
+    hangs, or thinks too long between calls); past it a watchdog ends the episode, failed
+    (``env/agent_timeouts``). Time a request waits for its answer does not count."""
+    retries: int = Field(default=1, ge=0)
+    """Times a failed episode (timeout, crash, malformed result, no call) is run again with a
+    fresh agent before it counts as failed (``env/agent_retries``); a group with an episode that
+    still fails is dropped whole."""
     endpoint: AgentEndpoint = Field(default_factory=AgentEndpoint)
     """Where and how the endpoint serves the agents."""
     embedded_tools: Literal["none", "calculator"] = "none"

@@ -10,7 +10,7 @@ from zbrl.config.environments import AgentEnvironment as AgentConfig
 from zbrl.config.environments import EndpointEnvironment, VerifiersEnvironment
 from zbrl.errors import RunError
 from zbrl.registry import import_object
-from zbrl.rollout.agents.environment import AgentEnvironment
+from zbrl.rollout.agents.environment import AgentEnvironment, AgentSettings
 from zbrl.rollout.agents.launch import AgentLauncher
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
@@ -35,8 +35,8 @@ def build_agent_environment(
         ),
         model_name="policy",
     )
-    launcher = AgentLauncher(run, command, cfg.timeout_s)
-    return AgentEnvironment(endpoint, launcher, cfg.on_history_change)
+    settings = AgentSettings(cfg.on_history_change, cfg.timeout_s, cfg.retries)
+    return AgentEnvironment(endpoint, AgentLauncher(run, command), settings)
 
 
 def build_agent(cfg: EndpointEnvironment) -> Any:

@@ -16,7 +16,8 @@ buffer, never trained on a made-up score (``env/agent_*`` counts).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,16 +31,31 @@ from zbrl.rollout.episodes import EpisodeCompletion, EpisodeLimitSettings, Gener
 from zbrl.types import EncodedPrompt, Segment
 
 POLL_S = 0.05
-"""How often the runner's thread looks again for calls while agents work."""
+"""How often the runner's thread looks again for calls (and for hung episodes) while agents
+work."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How an agent environment runs its episodes."""
+
+    on_history_change: str
+    """``segment`` or ``refuse`` (:class:`~zbrl.rollout.endpoint.server.EpisodeBudget`)."""
+    timeout_s: float
+    """An episode that makes no request and no progress this long is ended, failed."""
+    retries: int
+    """Times a failed episode is run again with a fresh agent before it counts as failed."""
 
 
 class AgentEnvironment:
     """Episodes run by a user's agent through ``endpoint`` (see the module docstring)."""
 
-    def __init__(self, endpoint: Endpoint, launcher: AgentLauncher, on_history_change: str) -> None:
+    def __init__(
+        self, endpoint: Endpoint, launcher: AgentLauncher, settings: AgentSettings
+    ) -> None:
         self.endpoint = endpoint
         self.launcher = launcher
-        self.on_history_change = on_history_change
+        self.settings = settings
 
     def run_episodes(
         self,
@@ -49,33 +65,83 @@ class AgentEnvironment:
         version: int,
         limits: EpisodeLimitSettings,
     ) -> list[list[EpisodeCompletion]]:
-        """``params.n`` agent episodes per prompt, every call answered by ``generate``."""
-        base_url = self.endpoint.start()
+        """``params.n`` agent episodes per prompt, every call answered by ``generate``; a
+        failed episode is run again, with a fresh agent, up to ``retries`` times."""
+        self.endpoint.start()
         self.endpoint.episode_params = replace(params, n=1)
-        budget = EpisodeBudget(limits.max_turns, limits.max_total_tokens, self.on_history_change)
-        started = [
-            [
-                (key, self.launcher.launch(base_url, key, p.example))
-                for key in (self.endpoint.open_episode(budget) for _ in range(params.n))
-            ]
-            for p in prompts
+        budget = EpisodeBudget(
+            limits.max_turns, limits.max_total_tokens, self.settings.on_history_change
+        )
+        examples = [p.example for p in prompts for _ in range(params.n)]
+        done: list[Any] = [None] * len(examples)
+        todo = list(range(len(examples)))
+        retried = [0] * len(examples)
+        for attempt in range(self.settings.retries + 1):
+            results = self._attempt(generate, [examples[i] for i in todo], budget, version)
+            for i, episode in zip(todo, results, strict=True):
+                done[i] = episode
+            todo = [i for i in todo if _failure(*done[i]) is not None]
+            if not todo or attempt == self.settings.retries:
+                break
+            for i in todo:
+                retried[i] += 1
+        episodes = [
+            (t, replace(o, counts={**o.counts, "agent_retries": r}) if r else o)
+            for (t, o), r in zip(done, retried, strict=True)
         ]
-        futures = [f for group in started for _, f in group]
+        return [
+            _group(episodes[k * params.n : (k + 1) * params.n], version)
+            for k in range(len(prompts))
+        ]
+
+    def _attempt(
+        self,
+        generate: Generate,
+        examples: list[dict[str, Any]],
+        budget: EpisodeBudget,
+        version: int,
+    ) -> list[tuple[ConversationTokens, AgentOutcome]]:
+        """One episode per example, each with a fresh agent; a watchdog ends an episode that
+        makes no request and no progress for ``timeout_s`` (``agent_timeouts``)."""
+        base_url = self.endpoint.base_url
+        keys = [self.endpoint.open_episode(budget) for _ in examples]
+        futures = [
+            self.launcher.launch(base_url, key, ex) for key, ex in zip(keys, examples, strict=True)
+        ]
         for f in futures:
             f.add_done_callback(lambda _: self.endpoint.queue.wake())
+        hung: dict[int, AgentOutcome] = {}
 
         def running() -> int:
-            return sum(not f.done() for f in futures)
+            return sum(not f.done() and i not in hung for i, f in enumerate(futures))
 
         while running():
             batch = self.endpoint.queue.take(running, timeout_s=POLL_S)
             if batch:
                 answer(batch, generate, version)
+            self._watch(keys, futures, hung)
         self.endpoint.queue.cancel_pending("the episode's agent has ended")
         return [
-            _group([(self.endpoint.close_episode(k), f.result()) for k, f in group], version)
-            for group in started
+            (self.endpoint.close_episode(key), hung[i] if i in hung else f.result())
+            for i, (key, f) in enumerate(zip(keys, futures, strict=True))
         ]
+
+    def _watch(self, keys: list[str], futures: list[Future], hung: dict[int, AgentOutcome]) -> None:
+        limit = self.settings.timeout_s
+        for i, (key, f) in enumerate(zip(keys, futures, strict=True)):
+            if i in hung or f.done() or self.endpoint.idle_s(key) < limit:
+                continue
+            f.cancel()  # a program's process is killed; a function is cancelled at its next await
+            hung[i] = AgentOutcome(
+                failure="agent_timeouts", detail=f"no request and no progress for {limit} s"
+            )
+
+
+def _failure(t: ConversationTokens, outcome: AgentOutcome) -> str | None:
+    """Why an episode failed (None: it did not)."""
+    if outcome.failure is not None:
+        return outcome.failure
+    return None if t.calls_made() else "agent_no_calls"
 
 
 def _group(
@@ -107,9 +173,9 @@ def _completion(
         counts[name] = counts.get(name, 0) + n
     counts["turns"] = t.calls_made()
     counts["segments"] = 1 + len(later)
-    failure = outcome.failure
-    if failure is None and not t.calls_made():
-        failure, outcome = "agent_no_calls", replace(outcome, detail="the agent never called")
+    failure = _failure(t, outcome)
+    if failure == "agent_no_calls":
+        outcome = replace(outcome, detail="the agent never called")
     if failure is not None:
         counts[failure] = counts.get(failure, 0) + 1
         counts["agent_failures"] = 1

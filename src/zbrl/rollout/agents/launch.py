@@ -1,7 +1,8 @@
 """Running a user's agent for one episode: an async function ``run(client, example)`` on an event
 loop of its own thread, or a program in a subprocess. Either way the outcome is an
 :class:`AgentOutcome`: a reward, a final answer, or a failure (timeout, crash, malformed result),
-never an exception."""
+never an exception. How long an episode may go without a request is the episode runner's
+watchdog's to judge (:class:`~zbrl.rollout.agents.environment.AgentEnvironment`)."""
 
 from __future__ import annotations
 
@@ -53,12 +54,9 @@ def outcome_of(value: Any) -> AgentOutcome:
 class AgentLauncher:
     """Starts episodes of one agent, each with its own API key, on a private event loop."""
 
-    def __init__(
-        self, run: Callable[..., Any] | None, command: list[str] | None, timeout_s: float
-    ) -> None:
+    def __init__(self, run: Callable[..., Any] | None, command: list[str] | None) -> None:
         self.run = run
         self.command = command
-        self.timeout_s = timeout_s
         self._client: Any = None
         """One ``openai.AsyncOpenAI`` (one connection pool) per endpoint URL; each episode gets a
         copy with its own key."""
@@ -66,16 +64,15 @@ class AgentLauncher:
         threading.Thread(target=self._loop.run_forever, name="zbrl-agents", daemon=True).start()
 
     def launch(self, base_url: str, key: str, example: dict[str, Any]) -> Future[AgentOutcome]:
-        """One episode of the agent against ``base_url`` with ``key``."""
+        """One episode of the agent against ``base_url`` with ``key``; cancelling the future
+        cancels the agent (a program's process is killed)."""
         return asyncio.run_coroutine_threadsafe(self._episode(base_url, key, example), self._loop)
 
     async def _episode(self, base_url: str, key: str, example: dict[str, Any]) -> AgentOutcome:
         try:
             if self.run is not None:
-                return await asyncio.wait_for(self._call(base_url, key, example), self.timeout_s)
+                return await self._call(base_url, key, example)
             return await self._subprocess(base_url, key, example)
-        except TimeoutError:
-            return AgentOutcome(failure="agent_timeouts", detail=f"past {self.timeout_s} s")
         except Exception as e:
             logger.warning("agent episode failed: %s: %s", type(e).__name__, e)
             return AgentOutcome(failure="agent_crashes", detail=f"{type(e).__name__}: {e}")
@@ -100,10 +97,8 @@ class AgentLauncher:
             env=env,
         )
         try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(json.dumps(example).encode()), self.timeout_s
-            )
-        except TimeoutError:
+            out, err = await proc.communicate(json.dumps(example).encode())
+        except asyncio.CancelledError:  # the episode's watchdog ended it
             proc.kill()
             await proc.wait()
             raise

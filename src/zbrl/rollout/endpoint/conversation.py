@@ -22,6 +22,7 @@ episode's reward is every segment's (docs/agents.md, Changed histories).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,8 @@ class ConversationTokens:
     """Past a limit: the episode is over (truncated); later calls get an empty answer."""
     segment_on_change: bool = False
     """A request that changes the history starts a new segment (True) or is refused (False)."""
+    active_at: float = field(default_factory=time.monotonic)
+    """When the episode last made a request or got an answer (``time.monotonic``)."""
     closed: list[TokenSegment] = field(default_factory=list)
     """The episode's earlier segments; the fields above are its current one."""
     lock: threading.Lock = field(default_factory=threading.Lock)

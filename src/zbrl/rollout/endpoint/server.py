@@ -22,6 +22,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -133,6 +134,15 @@ class Endpoint:
             self._episodes[key] = _Open(tokens, budget)
         return key
 
+    def idle_s(self, key: str) -> float:
+        """Seconds since the episode of ``key`` last made a request or got an answer (0 while a
+        request of it is being answered: the wait is the endpoint's, not the agent's)."""
+        with self._lock:
+            tokens = self._episodes[key].tokens
+        if tokens.lock.locked():
+            return 0.0
+        return time.monotonic() - tokens.active_at
+
     def close_episode(self, key: str) -> ConversationTokens:
         """Forget the episode of ``key`` (its later requests are refused); its tokens."""
         with self._lock:
@@ -155,12 +165,14 @@ class Endpoint:
                 status=409,
                 code="concurrent_request",
             )
+        tokens.active_at = time.monotonic()
         try:
             if asked is not None:
                 return self._respond(asked, tokens, episode)
             assert request is not None
             return self._complete(request, tokens, episode, chat)
         finally:
+            tokens.active_at = time.monotonic()
             tokens.lock.release()
 
     def abandoned(self, key: str | None, path: str, error: OSError) -> None:
