@@ -187,7 +187,7 @@ def _completion(
         turns += [{**turn, "segment": k} for turn in _turns(t, seg, seg.prompt_len)]
     if turns:
         turns[-1].setdefault("info", {})["agent"] = (
-            {"reward": outcome.reward}
+            {"reward": outcome.reward, "correct": outcome.correct}
             if outcome.reward is not None
             else {"answer": outcome.answer}
             if outcome.answer is not None
@@ -210,6 +210,7 @@ def _completion(
         counts=counts,
         prompt_ids=shared,
         given_reward=outcome.reward,
+        env_ans_acc=None if outcome.correct is None else float(outcome.correct),
         failure=None if failure is None else f"{failure}: {outcome.detail}",
         segments=[_segment(seg) for seg in later],
     )

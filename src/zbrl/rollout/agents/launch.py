@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -28,27 +29,56 @@ class AgentOutcome:
     """
 
     reward: float | None = None
+    correct: bool | None = None
+    """Whether the agent judged the episode solved (``{"reward": r, "correct": bool}``): what
+    held-out accuracy counts; None: the agent did not say."""
     answer: str | None = None
     failure: str | None = None
     detail: str = ""
     counts: dict[str, int] = field(default_factory=dict)
 
 
+_RESULTS = 'a number (its reward), a string (its answer) or {"reward": r, "correct": bool}'
+
+
 def outcome_of(value: Any) -> AgentOutcome:
-    """What an agent returned, read as an outcome (bool is no number here; zbrl's own agents,
-    such as the verifiers one, return an outcome)."""
+    """What an agent returned, read as an outcome: a number (the reward), a string (the
+    answer) or ``{"reward": r, "correct": bool}`` (``correct`` optional). bool is no number
+    here; zbrl's own agents, such as the verifiers one, return an outcome."""
     if isinstance(value, AgentOutcome):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, dict):
+        return _reward_and_correct(value)
+    if _is_number(value):
+        if not math.isfinite(value):
             return AgentOutcome(failure="agent_malformed", detail=f"reward {value}")
         return AgentOutcome(reward=float(value))
     if isinstance(value, str):
         return AgentOutcome(answer=value)
     return AgentOutcome(
         failure="agent_malformed",
-        detail=f"returned {type(value).__name__}; an agent returns a number or a string",
+        detail=f"returned {type(value).__name__}; an agent returns {_RESULTS}",
     )
+
+
+def _reward_and_correct(value: dict[str, Any]) -> AgentOutcome:
+    reward, correct = value.get("reward"), value.get("correct")
+    unknown = set(value) - {"reward", "correct"}
+    if (
+        unknown
+        or not _is_number(reward)
+        or not math.isfinite(reward)
+        or not (correct is None or isinstance(correct, bool))
+    ):
+        return AgentOutcome(
+            failure="agent_malformed",
+            detail=f"returned {value!r}; an agent returns {_RESULTS}",
+        )
+    return AgentOutcome(reward=float(reward), correct=correct)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class AgentLauncher:
@@ -111,5 +141,5 @@ class AgentLauncher:
         except (IndexError, json.JSONDecodeError):
             return AgentOutcome(
                 failure="agent_malformed",
-                detail="the last line of stdout must be JSON (a number or a string)",
+                detail=f"the last line of stdout must be JSON: {_RESULTS}",
             )
