@@ -115,3 +115,20 @@ def test_segments_train_as_rows_with_their_episodes_advantage():
         ((5, 6), 3),
         ((5, 6, 9), 3),
     ]
+
+
+def test_the_segments_demo_agent_streams_and_shortens_into_two_segments():
+    from test_endpoint import calc_then_answer
+
+    from zbrl.embedded.calculator_agent import solve_streaming_shortened
+
+    backend = ScriptedBackend(calc_then_answer)
+    runner = agent_runner(solve_streaming_shortened)
+    (group,) = runner.run(backend.generate, [encoded("12*34")], sampling_params(n=2))
+    for c in group:
+        assert c.failure is None and c.text == "<answer>408</answer>"
+        assert c.counts["segments"] == 2
+        (seg,) = c.segments
+        assert QWEN_LIKE.decode(seg.prompt_ids) == (
+            "<|bos|><|user|>12*34<|end|><|assistant|>12*34<|end|><|user|>408<|end|><|assistant|>"
+        )

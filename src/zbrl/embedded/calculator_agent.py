@@ -42,3 +42,41 @@ async def solve(client: Any, example: dict[str, Any]) -> str:
             {"role": "user", "content": "\n".join(r.strip() for r in results)},
         ]
     return text
+
+
+async def solve_streaming_shortened(client: Any, example: dict[str, Any]) -> str:
+    """The same task as :func:`solve`, asked the way many harnesses ask: every call after the
+    first streams its answer, and the history it re-sends has each earlier assistant turn
+    shortened to its calls' expressions (the ``<calc>`` markup dropped, as Qwen3's template
+    drops past reasoning). The endpoint cannot continue such a history token-exact, so the
+    episode goes on as a new segment (recipes/demo_agent_segments.yaml, docs/agents.md)."""
+    messages = list(example["messages"])
+    text = ""
+    for turn in range(MAX_TURNS):
+        if turn == 0:
+            reply = await client.chat.completions.create(model="policy", messages=messages)
+            text = reply.choices[0].message.content or ""
+        else:
+            stream = await client.chat.completions.create(
+                model="policy", messages=messages, stream=True
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        calls = parse_tags(text, TAGS)
+        if not calls:
+            return text
+        results = [
+            f"error: malformed tool call: {c.reason}"
+            if isinstance(c, MalformedCall)
+            else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
+            for c in calls
+        ]
+        shortened = "\n".join(
+            str(c.arguments.get(CALCULATOR.argument, ""))
+            for c in calls
+            if not isinstance(c, MalformedCall)
+        )
+        messages += [
+            {"role": "assistant", "content": shortened},
+            {"role": "user", "content": "\n".join(r.strip() for r in results)},
+        ]
+    return text
