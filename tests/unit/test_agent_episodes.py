@@ -283,3 +283,12 @@ def test_validate_checks_the_agent_program_exists(tmp_path, monkeypatch):
     cfg = load_config(None, ["environment.type=agent", "environment.command=[python, nope.py]"])
     with pytest.raises(RunError, match=r"nope\.py"):
         check_environment(cfg)
+    with pytest.raises(ValueError, match=r"program_lifetime: `run` is for an agent program"):
+        load_config(
+            None,
+            [
+                "environment.type=agent",
+                "environment.run=zbrl.embedded.calculator_agent:solve",
+                "environment.program_lifetime=run",
+            ],
+        )

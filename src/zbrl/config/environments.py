@@ -198,6 +198,10 @@ class AgentEnvironment(EndpointEnvironment):
     command: list[str] | None = None
     """A program (argv) run once per episode, the example as JSON on stdin; the last line of its
     stdout is its result as JSON (a number or a string)."""
+    program_lifetime: Literal["episode", "run"] = "episode"
+    """``episode``: ``command`` is started for each episode; ``run``: one process of it serves
+    every episode of a producer, reading one line of JSON per episode on stdin (its key, the
+    base URL, the example) and answering one line per episode on stdout (docs/agents.md)."""
 
     _check_run = field_validator("run")(
         classmethod(lambda cls, v: v if v is None else check_import_path(v))
@@ -209,6 +213,11 @@ class AgentEnvironment(EndpointEnvironment):
             raise ValueError(
                 "environment: an agent environment needs exactly one of `run` "
                 "(package.module:function) or `command` (a program's argv)"
+            )
+        if self.program_lifetime == "run" and self.command is None:
+            raise ValueError(
+                "environment.program_lifetime: `run` is for an agent program (`command`); an "
+                "agent function (`run`) already serves every episode in one process"
             )
         return self
 

@@ -25,6 +25,7 @@ def build_agent_environment(
     first episode)."""
     run = build_agent(cfg)
     command = cfg.command if isinstance(cfg, AgentConfig) else None
+    long_lived = isinstance(cfg, AgentConfig) and cfg.program_lifetime == "run"
     ep = cfg.endpoint
     endpoint = Endpoint(
         Renderer(tokenizer, eos_ids),
@@ -38,7 +39,8 @@ def build_agent_environment(
         model_name="policy",
     )
     settings = AgentSettings(cfg.on_history_change, cfg.timeout_s, cfg.retries)
-    return AgentEnvironment(endpoint, AgentLauncher(run, command), settings)
+    launcher = AgentLauncher(run, command, long_lived=long_lived)
+    return AgentEnvironment(endpoint, launcher, settings)
 
 
 def build_agent(cfg: EndpointEnvironment) -> Any:

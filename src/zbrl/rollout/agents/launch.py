@@ -15,9 +15,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from zbrl.rollout.agents.program import LongLivedProgram
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,23 @@ def _is_number(value: Any) -> bool:
 class AgentLauncher:
     """Starts episodes of one agent, each with its own API key, on a private event loop."""
 
-    def __init__(self, run: Callable[..., Any] | None, command: list[str] | None) -> None:
+    def __init__(
+        self,
+        run: Callable[..., Any] | None,
+        command: list[str] | None,
+        *,
+        long_lived: bool = False,
+    ) -> None:
+        """``long_lived``: ``command`` is a program that serves every episode
+        (:mod:`zbrl.rollout.agents.program`), not one started per episode."""
         self.run = run
         self.command = command
+        self.program: LongLivedProgram | None = None
+        if long_lived:
+            assert command is not None, "a long-lived agent is a program"
+            from zbrl.rollout.agents.program import LongLivedProgram
+
+            self.program = LongLivedProgram(command)
         self._client: Any = None
         """One ``openai.AsyncOpenAI`` (one connection pool) per endpoint URL; each episode gets a
         copy with its own key."""
@@ -102,6 +119,8 @@ class AgentLauncher:
         try:
             if self.run is not None:
                 return await self._call(base_url, key, example)
+            if self.program is not None:
+                return await self.program.episode(base_url, key, example)
             return await self._subprocess(base_url, key, example)
         except Exception as e:
             logger.warning("agent episode failed: %s: %s", type(e).__name__, e)
