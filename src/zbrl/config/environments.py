@@ -241,7 +241,7 @@ class VerifiersEnvironment(EndpointEnvironment):
     """The verifiers harness module (named as ``taskset`` is) that plays the policy; empty: the
     one the taskset bundles. It must call the model in process
     (``zbrl.rollout.agents.verifiers_harness.ChatHarness``): verifiers' program harnesses
-    install their dependencies with ``uv`` and stream."""
+    install their dependencies with ``uv`` from the network."""
     fields: dict[str, str] = Field(default_factory=lambda: {"answer": "gt_answer"})
     """Task data field <- dataset field: what each sample's task carries besides its prompt
     (the sample's ``messages``)."""
