@@ -13,6 +13,7 @@ from test_endpoint import SETTINGS, calc_then_answer
 
 from zbrl.rollout.agents.environment import AgentEnvironment, AgentSettings
 from zbrl.rollout.agents.launch import AgentLauncher
+from zbrl.rollout.agents.program import LongLivedProgram
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint
 from zbrl.rollout.episodes import EpisodeLimitSettings, EpisodeRunner
@@ -64,7 +65,8 @@ def test_one_program_serves_every_episode_and_restarts_after_exiting(tmp_path):
     script = tmp_path / "agent.py"
     script.write_text(PROGRAM)
     endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
-    launcher = AgentLauncher(None, [sys.executable, str(script)], long_lived=True)
+    program = LongLivedProgram([sys.executable, str(script)])
+    launcher = AgentLauncher(None, None, program=program)
     runner = EpisodeRunner(
         AgentEnvironment(endpoint, launcher, AgentSettings("segment", 60.0, 0)),
         ChatTranscript(endpoint.renderer.formatter),
@@ -76,10 +78,10 @@ def test_one_program_serves_every_episode_and_restarts_after_exiting(tmp_path):
         groups = runner.run(backend.generate, [encoded("2*3"), encoded("4*5")], params)
         assert [[c.failure for c in g] for g in groups] == [[None] * 3] * 2
         assert all(c.given_reward == 1.0 and c.env_ans_acc == 1.0 for g in groups for c in g)
-    assert launcher.program.starts == 1 and len(backend.generated) == 12
+    assert program.starts == 1 and len(backend.generated) == 12
     (dead,) = runner.run(backend.generate, [encoded("DIE")], sampling_params(n=2))
     for c in dead:
         assert c.failure.startswith("agent_crashes: the agent program exited (3)")
         assert "giving up" in c.failure
     (again,) = runner.run(backend.generate, [encoded("6*7")], params)
-    assert [c.failure for c in again] == [None] * 3 and launcher.program.starts == 2
+    assert [c.failure for c in again] == [None] * 3 and program.starts == 2

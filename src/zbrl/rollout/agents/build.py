@@ -14,6 +14,7 @@ from zbrl.errors import RunError
 from zbrl.registry import import_object
 from zbrl.rollout.agents.environment import AgentEnvironment, AgentSettings
 from zbrl.rollout.agents.launch import AgentLauncher
+from zbrl.rollout.agents.program import LongLivedProgram
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
 
@@ -25,7 +26,10 @@ def build_agent_environment(
     first episode)."""
     run = build_agent(cfg)
     command = cfg.command if isinstance(cfg, AgentConfig) else None
-    long_lived = isinstance(cfg, AgentConfig) and cfg.program_lifetime == "run"
+    program = None
+    if isinstance(cfg, AgentConfig) and cfg.program_lifetime == "run":
+        assert command is not None  # the config's check
+        program = LongLivedProgram(command)
     ep = cfg.endpoint
     endpoint = Endpoint(
         Renderer(tokenizer, eos_ids),
@@ -39,7 +43,7 @@ def build_agent_environment(
         model_name="policy",
     )
     settings = AgentSettings(cfg.on_history_change, cfg.timeout_s, cfg.retries)
-    launcher = AgentLauncher(run, command, long_lived=long_lived)
+    launcher = AgentLauncher(run, command, program=program)
     return AgentEnvironment(endpoint, launcher, settings)
 
 

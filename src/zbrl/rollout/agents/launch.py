@@ -15,12 +15,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from zbrl.rollout.agents.program import LongLivedProgram
 
 
 @dataclass(frozen=True)
@@ -39,6 +36,14 @@ class AgentOutcome:
     failure: str | None = None
     detail: str = ""
     counts: dict[str, int] = field(default_factory=dict)
+
+
+class EpisodeServer(Protocol):
+    """A process that runs many episodes (a long-lived agent program)."""
+
+    async def episode(self, base_url: str, key: str, example: dict[str, Any]) -> AgentOutcome:
+        """One episode's outcome."""
+        ...
 
 
 _RESULTS = 'a number (its reward), a string (its answer) or {"reward": r, "correct": bool}'
@@ -92,18 +97,14 @@ class AgentLauncher:
         run: Callable[..., Any] | None,
         command: list[str] | None,
         *,
-        long_lived: bool = False,
+        program: EpisodeServer | None = None,
     ) -> None:
-        """``long_lived``: ``command`` is a program that serves every episode
-        (:mod:`zbrl.rollout.agents.program`), not one started per episode."""
+        """``program``: a long-lived program that serves every episode
+        (:class:`~zbrl.rollout.agents.program.LongLivedProgram`), instead of ``command``
+        started per episode."""
         self.run = run
         self.command = command
-        self.program: LongLivedProgram | None = None
-        if long_lived:
-            assert command is not None, "a long-lived agent is a program"
-            from zbrl.rollout.agents.program import LongLivedProgram
-
-            self.program = LongLivedProgram(command)
+        self.program = program
         self._client: Any = None
         """One ``openai.AsyncOpenAI`` (one connection pool) per endpoint URL; each episode gets a
         copy with its own key."""
