@@ -130,5 +130,6 @@ def test_the_segments_demo_agent_streams_and_shortens_into_two_segments():
         assert c.counts["segments"] == 2
         (seg,) = c.segments
         assert QWEN_LIKE.decode(seg.prompt_ids) == (
-            "<|bos|><|user|>12*34<|end|><|assistant|>12*34<|end|><|user|>408<|end|><|assistant|>"
+            "<|bos|><|user|>12*34<|end|><|assistant|><calc></calc><|end|>"
+            "<|user|>408<|end|><|assistant|>"
         )

@@ -47,9 +47,10 @@ async def solve(client: Any, example: dict[str, Any]) -> str:
 async def solve_streaming_shortened(client: Any, example: dict[str, Any]) -> str:
     """The same task as :func:`solve`, asked the way many harnesses ask: every call after the
     first streams its answer, and the history it re-sends has each earlier assistant turn
-    shortened to its calls' expressions (the ``<calc>`` markup dropped, as Qwen3's template
-    drops past reasoning). The endpoint cannot continue such a history token-exact, so the
-    episode goes on as a new segment (recipes/demo_agent_segments.yaml, docs/agents.md)."""
+    shortened to its calls' markup, their bodies dropped (``<calc></calc>``), as Qwen3's chat
+    template drops past turns' reasoning. The endpoint cannot continue such a history
+    token-exact, so the episode goes on as a new segment (recipes/demo_agent_segments.yaml,
+    docs/agents.md)."""
     messages = list(example["messages"])
     text = ""
     for turn in range(MAX_TURNS):
@@ -70,11 +71,7 @@ async def solve_streaming_shortened(client: Any, example: dict[str, Any]) -> str
             else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
             for c in calls
         ]
-        shortened = "\n".join(
-            str(c.arguments.get(CALCULATOR.argument, ""))
-            for c in calls
-            if not isinstance(c, MalformedCall)
-        )
+        shortened = f"<{CALCULATOR.tag}></{CALCULATOR.tag}>" * len(calls)
         messages += [
             {"role": "assistant", "content": shortened},
             {"role": "user", "content": "\n".join(r.strip() for r in results)},
