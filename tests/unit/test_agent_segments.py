@@ -117,7 +117,7 @@ def test_segments_train_as_rows_with_their_episodes_advantage():
     ]
 
 
-def test_the_segments_demo_agent_streams_and_shortens_into_two_segments():
+def test_the_segments_demo_agent_streams_and_confirms_in_a_second_segment():
     from test_endpoint import calc_then_answer
 
     from zbrl.embedded.calculator_agent import solve_streaming_shortened
@@ -127,9 +127,16 @@ def test_the_segments_demo_agent_streams_and_shortens_into_two_segments():
     (group,) = runner.run(backend.generate, [encoded("12*34")], sampling_params(n=2))
     for c in group:
         assert c.failure is None and c.text == "<answer>408</answer>"
-        assert c.counts["segments"] == 2
+        assert c.counts["segments"] == 2 and c.counts["turns"] == 3
+        # the first segment: the call and the answer, token-exact on the intact history
+        assert [t["text"] for t in c.turns if t.get("segment") is None] == [
+            "<calc>12*34</calc><|end|>",
+            "<|user|>408<|end|><|assistant|>",
+            "<answer>408</answer><|end|>",
+        ]
         (seg,) = c.segments
         assert QWEN_LIKE.decode(seg.prompt_ids) == (
-            "<|bos|><|user|>12*34<|end|><|assistant|><calc></calc><|end|>"
-            "<|user|>408<|end|><|assistant|>"
+            "<|bos|><|user|>12*34<|end|><|assistant|><calc></calc><|end|><|user|>408<|end|>"
+            "<|assistant|><answer>408</answer><|end|><|user|>Confirm the answer.<|end|>"
+            "<|assistant|>"
         )
