@@ -195,7 +195,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="serve a checkpoint or model over an OpenAI-compatible endpoint",
-        description="Serves /v1/chat/completions, /v1/completions and /v1/models (docs/agents.md).",
+        description=(
+            "Serves /v1/chat/completions, /v1/completions, /v1/responses and /v1/models, "
+            "streaming too (docs/agents.md)."
+        ),
     )
     p.add_argument(
         "model",

@@ -33,6 +33,23 @@ class EncodedPrompt:
 
 
 @dataclass
+class Segment:
+    """A later segment of an agent episode whose history changed (docs/agents.md, Changed
+    histories): a sequence of its own, trained with its episode's advantage."""
+
+    prompt_ids: list[int]
+    """Its prompt: the request that started it, rendered afresh."""
+    response_ids: torch.Tensor
+    """int64 [L]: everything after the prompt (the model's tokens and rendered messages)."""
+    behaviour_logprobs: torch.Tensor
+    """float32 [L]: the sampled tokens' log-probs (0 on rendered tokens)."""
+    loss_mask: torch.Tensor
+    """bool [L]: True on the model's tokens."""
+    token_versions: torch.Tensor
+    """int64 [L]: the policy version that sampled each token."""
+
+
+@dataclass
 class RolloutGroup:
     """G completions of one prompt, scored, tagged with the policy version that generated them."""
 
@@ -85,6 +102,10 @@ class RolloutGroup:
     """G int64 tensors, each [L_i]: the policy version that sampled each response token
     (in-flight updates change it inside a response; never below ``policy_version``); None: every
     token has ``policy_version``. Read it through :meth:`versions`."""
+    segments: list[list[Segment]] | None = field(default_factory=_none)
+    """Agent episodes whose history changed: per completion, its later segments (the
+    completion itself is the first); each is trained as a row of its own with the
+    completion's advantage. None: no episode of the group has more than one segment."""
 
     @property
     def group_size(self) -> int:
@@ -127,6 +148,7 @@ class RolloutGroup:
         state.setdefault("env_counts", {})
         state.setdefault("reward_failed", 0)
         state.setdefault("episode_failures", 0)
+        state.setdefault("segments", None)
         self.__dict__.update(state)
         if packed:
             self.__dict__[_PACKED_STATE] = packed

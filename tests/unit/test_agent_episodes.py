@@ -12,9 +12,11 @@ from role_settings import buffer_settings, sampling_params
 from test_buffer import make_group
 from test_endpoint import SETTINGS, calc_then_answer
 
+from zbrl.assembly.environments import check_environment
 from zbrl.environments.tools import Calculator
+from zbrl.errors import RunError
 from zbrl.rewards.base import BaseReward, RewardResult
-from zbrl.rollout.agents.environment import AgentEnvironment
+from zbrl.rollout.agents.environment import AgentEnvironment, AgentSettings
 from zbrl.rollout.agents.launch import AgentLauncher
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint
@@ -54,7 +56,15 @@ async def slow_agent(client, example):
 
 async def malformed_agent(client, example):
     await client.chat.completions.create(model="policy", messages=example["messages"])
-    return {"reward": 1}
+    return {"reward": 1, "solved": True}
+
+
+def judging_agent(result):
+    async def agent(client, example):
+        await client.chat.completions.create(model="policy", messages=example["messages"])
+        return result
+
+    return agent
 
 
 class LastNumber(BaseReward):
@@ -63,11 +73,19 @@ class LastNumber(BaseReward):
         return RewardResult(reward=float(right), format_acc=1.0, ans_acc=float(right))
 
 
-def agent_runner(agent, timeout_s=20.0, tokenizer=TOKENIZER, eos_ids=frozenset({EOS})):
+def agent_runner(
+    agent,
+    timeout_s=20.0,
+    tokenizer=TOKENIZER,
+    eos_ids=frozenset({EOS}),
+    on_change="segment",
+    retries=0,
+):
     """A long batching window: a batch closes when every running episode has called."""
     settings = replace(SETTINGS, batch_window_s=10.0)
     endpoint = Endpoint(Renderer(tokenizer, set(eos_ids)), settings, "policy")
-    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, timeout_s))
+    agents = AgentSettings(on_change, timeout_s, retries)
+    env = AgentEnvironment(endpoint, AgentLauncher(agent, None), agents)
     formatter = TurnFormatter(tokenizer, "user", eos_ids=set(eos_ids))
     return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(4, 200))
 
@@ -155,16 +173,18 @@ print(json.dumps(reply.choices[0].message.content))
 def test_a_program_runs_an_episode_with_the_openai_environment_variables():
     backend = ScriptedBackend(calc_then_answer)
     endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
-    launcher = AgentLauncher(None, [sys.executable, "-c", PROGRAM], timeout_s=60.0)
+    launcher = AgentLauncher(None, [sys.executable, "-c", PROGRAM])
     formatter = TurnFormatter(TOKENIZER, "user", eos_ids={EOS})
     runner = EpisodeRunner(
-        AgentEnvironment(endpoint, launcher), ChatTranscript(formatter), EpisodeLimitSettings(4, 99)
+        AgentEnvironment(endpoint, launcher, AgentSettings("segment", 60.0, 0)),
+        ChatTranscript(formatter),
+        EpisodeLimitSettings(4, 99),
     )
     (group,) = runner.run(backend.generate, [encoded("2*3")], sampling_params(n=1))
     (c,) = group
     assert c.failure is None and c.text == "<calc>2*3</calc>" and c.given_reward is None
     assert c.token_ids[c.loss_mask].tolist() == backend.generated[0][1]
-    crashing = AgentLauncher(None, [sys.executable, "-c", "raise SystemExit(3)"], 60.0)
+    crashing = AgentLauncher(None, [sys.executable, "-c", "raise SystemExit(3)"])
     outcome = crashing.launch(endpoint.base_url, "k", {}).result()
     assert outcome.failure == "agent_crashes" and outcome.detail.startswith("exit 3")
 
@@ -210,3 +230,65 @@ def test_embedded_model_agent_episodes_are_the_generated_tokens(tiny_model_dir):
             trained = sum(t["end"] - t["start"] for t in models)
             assert int(c.loss_mask.sum()) == trained
             assert c.logprobs[c.loss_mask].lt(0).all() and c.logprobs[~c.loss_mask].eq(0).all()
+
+
+def test_an_agent_says_whether_it_solved_the_episode():
+    """Held-out accuracy counts ``ans_acc`` at 1.0: an agent's ``correct`` when it says, else
+    whether its reward is positive (partial credit counts as solved then)."""
+    backend = ScriptedBackend(calc_then_answer)
+    prompt = encoded("2*3", gt="6")
+    params = sampling_params(n=1, max_new_tokens=40)
+    for result, reward, acc in [
+        ({"reward": 0.5, "correct": False}, 0.5, 0.0),
+        ({"reward": 0.0, "correct": True}, 0.0, 1.0),
+        ({"reward": 0.5}, 0.5, 1.0),
+        (0.5, 0.5, 1.0),
+        (0.0, 0.0, 0.0),
+    ]:
+        runner = agent_runner(judging_agent(result))
+        (group,) = runner.run(backend.generate, [prompt], params)
+        ((_, (r,)),) = runner.score(LastNumber(), [prompt.example], [group])
+        assert (r.reward, r.ans_acc, group[0].failure) == (reward, acc, None), result
+    for bad in [{"reward": "1"}, {"reward": 1, "correct": 1}, {"correct": True}, [1]]:
+        runner = agent_runner(judging_agent(bad))
+        ((c,),) = runner.run(backend.generate, [prompt], params)
+        assert c.failure.startswith("agent_malformed"), bad
+
+
+def test_a_call_past_the_limit_ends_the_episode_truncated_and_trained():
+    """Past ``max_turns`` the endpoint answers 200 with an empty ``length`` answer: the episode
+    ends truncated (as a built-in one does at its limit) and is trained, not failed."""
+    backend = ScriptedBackend(calc_then_answer)
+    runner = agent_runner(calculator_agent)
+    runner.limits = EpisodeLimitSettings(1, 200)
+    ((c,),) = runner.run(backend.generate, [encoded("2*3")], sampling_params(n=1))
+    assert c.failure is None and c.finish_reason == "length"
+    assert c.counts["turn_limit"] == 1 and c.counts["turns"] == 1
+    assert c.text == "" and len(backend.generated) == 1
+
+
+def test_validate_checks_the_agent_program_exists(tmp_path, monkeypatch):
+    from zbrl.config import load_config
+    from zbrl.rollout.agents.build import check_command
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match=r"environment\.command: python is given the script 'nope"):
+        check_command(["python", "nope.py"])
+    with pytest.raises(RunError, match=r"environment\.command: the program 'no-such-agent'"):
+        check_command(["no-such-agent", "--fast"])
+    (tmp_path / "agent.py").write_text("print(1)\n")
+    check_command([sys.executable, "-u", "agent.py"])
+    check_command(["python3", "-c", "print(1)"])
+    check_command(["true", "nope.py"])  # not an interpreter: its arguments are its own
+    cfg = load_config(None, ["environment.type=agent", "environment.command=[python, nope.py]"])
+    with pytest.raises(RunError, match=r"nope\.py"):
+        check_environment(cfg)
+    with pytest.raises(ValueError, match=r"program_lifetime: `run` is for an agent program"):
+        load_config(
+            None,
+            [
+                "environment.type=agent",
+                "environment.run=zbrl.embedded.calculator_agent:solve",
+                "environment.program_lifetime=run",
+            ],
+        )

@@ -59,6 +59,10 @@ def test_a_bad_server_value_is_refused_naming_the_field():
         build_environment(section(server="openenv_envs:Untyped"))
     with pytest.raises(RunError, match=r"environment\.render: cannot import"):
         build_environment(section(render="openenv_envs:no_such_function"))
+    with pytest.raises(RunError, match=r"environment\.action_field: 'text' is not a field of "):
+        build_environment(section(action_field="text"))
+    with pytest.raises(RunError, match=r"GuessAction, the action of .*its fields: .*message"):
+        build_environment(section(action_field="text"))
 
 
 def test_a_server_that_cannot_start_is_an_error_with_its_stderr():

@@ -1,7 +1,6 @@
 """``zbrl serve``: the endpoint over a model directory answers an ``openai`` client."""
 
 import openai
-import pytest
 
 from zbrl.cli import build_parser
 from zbrl.config import load_config
@@ -26,8 +25,13 @@ def test_serve_answers_an_openai_client(tiny_model_dir):
         assert again.choices[0].message.content == first.choices[0].message.content
         text = client.completions.create(model="m", prompt="12", max_tokens=3)
         assert text.usage.completion_tokens <= 3
-        with pytest.raises(openai.BadRequestError, match="stream"):
-            client.chat.completions.create(model="m", messages=messages, stream=True)
+        chunks = list(client.chat.completions.create(model="m", messages=messages, stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert streamed == first.choices[0].message.content  # greedy: the same answer, streamed
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        response = client.responses.create(model="m", input="1+2", max_output_tokens=4)
+        assert response.output_text == first.choices[0].message.content
+        assert 1 <= response.usage.output_tokens <= 4
     finally:
         serving.stop()
 

@@ -18,7 +18,7 @@ from test_endpoint import SETTINGS
 from zbrl.config.environments import VerifiersEnvironment
 from zbrl.embedded.tokenizer import CHAT_TEMPLATE, build_tokenizer
 from zbrl.rollout.agents.build import build_agent
-from zbrl.rollout.agents.environment import AgentEnvironment
+from zbrl.rollout.agents.environment import AgentEnvironment, AgentSettings
 from zbrl.rollout.agents.launch import AgentLauncher
 from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.server import Endpoint
@@ -71,7 +71,7 @@ def calculator_script(context, sample):
 def tools_runner(tokenizer):
     agent = build_agent(VerifiersEnvironment(taskset="vf_calc", limits={"tool_timeout_s": 1.0}))
     endpoint = Endpoint(Renderer(tokenizer, {EOS}), replace(SETTINGS, batch_window_s=10.0), "p")
-    env = AgentEnvironment(endpoint, AgentLauncher(agent, None, 120.0))
+    env = AgentEnvironment(endpoint, AgentLauncher(agent, None), AgentSettings("refuse", 120.0, 0))
     formatter = TurnFormatter(tokenizer, "user", eos_ids={EOS})
     return EpisodeRunner(env, ChatTranscript(formatter), EpisodeLimitSettings(6, 1200))
 

@@ -164,13 +164,25 @@ class EndpointEnvironment(EnvironmentBase):
     ``verifiers``, docs/agents.md)."""
 
     timeout_s: float = Field(default=300.0, gt=0)
-    """Longest an episode may run; past it the episode is dropped (``env/agent_timeouts``)."""
+    """Longest an episode may go without making a request or getting an answer (its agent
+    hangs, or thinks too long between calls); past it a watchdog ends the episode, failed
+    (``env/agent_timeouts``). Time a request waits for its answer does not count."""
+    retries: int = Field(default=1, ge=0)
+    """Times a failed episode (timeout, crash, malformed result, no call) is run again with a
+    fresh agent before it counts as failed (``env/agent_retries``); a group with an episode that
+    still fails is dropped whole."""
     endpoint: AgentEndpoint = Field(default_factory=AgentEndpoint)
     """Where and how the endpoint serves the agents."""
     embedded_tools: Literal["none", "calculator"] = "none"
     """On the embedded model: ``calculator`` takes the tool demo's task files and warm start
     (calculator traces in the ``tags`` format, ``<calc>…</calc>``), for an agent that calls a
     calculator that way; ``none``: the plain task's."""
+    on_history_change: Literal["segment", "refuse"] = "segment"
+    """A request whose history is not what the episode holds (a chat template that drops past
+    reasoning, an agent that summarises or re-serialises its history): ``segment`` keeps what
+    the episode generated so far as a trained segment and starts the next one from the request,
+    rendered afresh (``env/segments``; every segment shares the episode's reward);
+    ``refuse`` answers it 409 ``prefix_mismatch``."""
 
 
 class AgentEnvironment(EndpointEnvironment):
@@ -186,6 +198,10 @@ class AgentEnvironment(EndpointEnvironment):
     command: list[str] | None = None
     """A program (argv) run once per episode, the example as JSON on stdin; the last line of its
     stdout is its result as JSON (a number or a string)."""
+    program_lifetime: Literal["episode", "run"] = "episode"
+    """``episode``: ``command`` is started for each episode; ``run``: one process of it serves
+    every episode of a producer, reading one line of JSON per episode on stdin (its key, the
+    base URL, the example) and answering one line per episode on stdout (docs/agents.md)."""
 
     _check_run = field_validator("run")(
         classmethod(lambda cls, v: v if v is None else check_import_path(v))
@@ -197,6 +213,11 @@ class AgentEnvironment(EndpointEnvironment):
             raise ValueError(
                 "environment: an agent environment needs exactly one of `run` "
                 "(package.module:function) or `command` (a program's argv)"
+            )
+        if self.program_lifetime == "run" and self.command is None:
+            raise ValueError(
+                "environment.program_lifetime: `run` is for an agent program (`command`); an "
+                "agent function (`run`) already serves every episode in one process"
             )
         return self
 
@@ -220,7 +241,7 @@ class VerifiersEnvironment(EndpointEnvironment):
     """The verifiers harness module (named as ``taskset`` is) that plays the policy; empty: the
     one the taskset bundles. It must call the model in process
     (``zbrl.rollout.agents.verifiers_harness.ChatHarness``): verifiers' program harnesses
-    install their dependencies with ``uv`` and stream."""
+    install their dependencies with ``uv`` from the network."""
     fields: dict[str, str] = Field(default_factory=lambda: {"answer": "gt_answer"})
     """Task data field <- dataset field: what each sample's task carries besides its prompt
     (the sample's ``messages``)."""

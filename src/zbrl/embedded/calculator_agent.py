@@ -42,3 +42,53 @@ async def solve(client: Any, example: dict[str, Any]) -> str:
             {"role": "user", "content": "\n".join(r.strip() for r in results)},
         ]
     return text
+
+
+async def solve_streaming_shortened(client: Any, example: dict[str, Any]) -> str:
+    """The same task as :func:`solve`, asked the way many harnesses ask: every call after the
+    first streams its answer, and once the model has answered, the agent asks it to confirm,
+    re-sending the history with each earlier tool-calling turn shortened to its calls' markup
+    (``<calc></calc>``, the expression dropped), as Qwen3's chat template drops past turns'
+    reasoning. The endpoint cannot continue that history token-exact, so the confirmation is a
+    new segment of the episode (recipes/demo_agent_segments.yaml, docs/agents.md). The answer
+    is the answering turn's: the confirmation is asked on a history the embedded model was never
+    warm-started on, and it is trained with the episode's reward, not scored."""
+    messages = list(example["messages"])
+    text = ""
+    for turn in range(MAX_TURNS - 1):
+        text = await _ask(client, messages, stream=turn > 0)
+        calls = parse_tags(text, TAGS)
+        if not calls:
+            break
+        results = [
+            f"error: malformed tool call: {c.reason}"
+            if isinstance(c, MalformedCall)
+            else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
+            for c in calls
+        ]
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "\n".join(r.strip() for r in results)},
+        ]
+    else:
+        return text  # no answer within the turns: the last turn is scored as it is
+    shortened = [_shortened(m) for m in messages]
+    confirm = {"role": "user", "content": "Confirm the answer."}
+    await _ask(client, [*shortened, {"role": "assistant", "content": text}, confirm], stream=True)
+    return text
+
+
+async def _ask(client: Any, messages: list[dict[str, Any]], *, stream: bool) -> str:
+    if not stream:
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        return reply.choices[0].message.content or ""
+    chunks = await client.chat.completions.create(model="policy", messages=messages, stream=True)
+    return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+
+def _shortened(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn with calls kept as their markup alone; other messages as they are."""
+    if message["role"] != "assistant" or not parse_tags(message["content"], TAGS):
+        return message
+    calls = len(parse_tags(message["content"], TAGS))
+    return {**message, "content": f"<{CALCULATOR.tag}></{CALCULATOR.tag}>" * calls}

@@ -69,9 +69,16 @@ def build_openenv_environment(cfg: OpenEnvEnvironment) -> Environment:
         ) from None
     env_cls = import_user_class(cfg.server, "environment.server")
     try:
-        action_and_observation_classes(env_cls)
+        action_cls, _ = action_and_observation_classes(env_cls)
     except ValueError as e:
         raise ConfigError(f"environment.server: {cfg.server}: {e} (docs/environments.md)") from None
+    fields = list(getattr(action_cls, "model_fields", {}))
+    if cfg.action_field not in fields:
+        raise ConfigError(
+            f"environment.action_field: {cfg.action_field!r} is not a field of "
+            f"{action_cls.__name__}, the action of {cfg.server} (its fields: "
+            f"{', '.join(fields) or 'none'}); set it to the field that takes the model's text"
+        )
     render = import_user_class(cfg.render, "environment.render") if cfg.render else None
     if render is not None and not callable(render):
         raise ConfigError(f"environment.render: {cfg.render} is not a function")

@@ -47,7 +47,7 @@ from zbrl.environments.base import (
 )
 from zbrl.rewards.base import RewardContext, RewardFunction, RewardResult
 from zbrl.rollout.backends.base import Completion, SamplingParams
-from zbrl.types import EncodedPrompt
+from zbrl.types import EncodedPrompt, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,9 @@ class EpisodeCompletion(Completion):
     failure: str | None = None
     """Why the episode failed (an agent's timeout, crash or malformed result); a group with a
     failed episode is dropped, never trained (``RolloutGroup.episode_failures``)."""
+    segments: list[Segment] = field(default_factory=list)
+    """An agent episode whose history changed: its later segments (this completion is the
+    first), each trained as a sequence of its own with the episode's reward."""
 
 
 class Transcript(Protocol):
@@ -417,13 +420,15 @@ def _turn_versions(c: Completion, version: int) -> list[int]:
 def episode_result(c: EpisodeCompletion, scored: RewardResult | None) -> RewardResult:
     """The episode's reward: the run's reward of the final turn (``scored``; None when the
     environment alone rewards) plus the environment's turn rewards; the environment's own reward
-    when it gave one (``given_reward``), 0 for a failed episode (whose group is dropped)."""
+    when it gave one (``given_reward``), 0 for a failed episode (whose group is dropped). Its
+    ``ans_acc`` (what held-out accuracy counts, at 1.0): the run's reward's judgement when it
+    scored; else the environment's (``env_ans_acc``: an agent's ``correct``, an environment's
+    ``ans_acc``) when it gave one; else whether the reward is positive."""
     if c.failure is not None:
         return RewardResult(reward=0.0, format_acc=0.0, ans_acc=0.0)
-    if c.given_reward is not None:
-        return RewardResult(
-            reward=c.given_reward, format_acc=1.0, ans_acc=float(c.given_reward > 0)
-        )
+    if c.given_reward is not None:  # solved: as the environment judged it, else reward > 0
+        acc = c.env_ans_acc if c.env_ans_acc is not None else float(c.given_reward > 0)
+        return RewardResult(reward=c.given_reward, format_acc=1.0, ans_acc=acc)
     if scored is None:
         acc = c.env_ans_acc if c.env_ans_acc is not None else float(c.turn_reward > 0)
         return RewardResult(reward=c.turn_reward, format_acc=1.0, ans_acc=acc)

@@ -271,8 +271,15 @@ class Producer:
     ) -> RolloutGroup:
         record = self.episodes.group_record(completions)
         token_versions = _token_versions(completions, version)
-        if token_versions is not None:
-            version = min((int(v.min()) for v in token_versions if v.numel()), default=version)
+        segments = (
+            [c.segments for c in completions] if any(c.segments for c in completions) else None
+        )
+        oldest = [v for v in token_versions or () if v.numel()]
+        oldest += [
+            s.token_versions for c in completions for s in c.segments if s.response_ids.numel()
+        ]
+        if oldest:
+            version = min(int(v.min()) for v in oldest)
         return RolloutGroup(
             uid=f"{prompt.uid}@e{epoch}",
             prompt_ids=list(
@@ -299,6 +306,7 @@ class Producer:
             episodes=record.turns,
             env_counts=record.env_counts,
             token_versions=token_versions,
+            segments=segments,
         )
 
 

@@ -3,7 +3,7 @@ to the batch's global maximum), or packed into a few rows with no padding inside
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -11,7 +11,7 @@ import torch
 from zbrl.algorithms.filters import group_in_accuracy_range
 from zbrl.models.kv_cache import left_pad
 from zbrl.training.model_inputs import ModelInputs, PackedRows, SharedPrompts
-from zbrl.types import RolloutGroup
+from zbrl.types import RolloutGroup, Segment
 
 
 @dataclass
@@ -85,33 +85,51 @@ def build_rows(
     loss_filter_range: tuple[float, float] | None,
     trained_version: int | None = None,
 ) -> list[Row]:
-    """One row per completion; ``loss_filter_range`` masks whole groups in the loss (used when
-    the buffer does not filter them, i.e. ``dynamic_batching`` is off). ``trained_version`` is
-    the version of the policy being trained (each row's ``behind`` is measured from it; 0 when
-    not given), and each token's ``token_behind`` from the version that sampled it."""
+    """One row per completion (and one per later segment of an agent episode whose history
+    changed, with the episode's advantage); ``loss_filter_range`` masks whole groups in the
+    loss (used when the buffer does not filter them, i.e. ``dynamic_batching`` is off).
+    ``trained_version`` is the version of the policy being trained (each row's ``behind`` is
+    measured from it; 0 when not given), and each token's ``token_behind`` from the version
+    that sampled it."""
     rows: list[Row] = []
     for b, group in enumerate(groups):
         group_kept = group_in_accuracy_range(group.ans_acc, loss_filter_range)
+        behind = 0 if trained_version is None else max(0, trained_version - group.policy_version)
         for g in range(group.group_size):
-            rows.append(
-                Row(
-                    prompt_ids=group.prompt_ids,
-                    response_ids=group.response_ids[g],
-                    old_logprobs=group.behaviour_logprobs[g],
-                    advantage=float(advantages_BG[b, g]),
-                    temperature=group.temperature,
-                    trained=group_kept and not (filter_truncated and group.truncated[g]),
-                    reward=float(group.rewards[g]),
-                    behind=0
-                    if trained_version is None
-                    else max(0, trained_version - group.policy_version),
-                    loss_mask=None if group.loss_masks is None else group.loss_masks[g],
-                    token_behind=None
-                    if trained_version is None
-                    else (trained_version - group.versions(g)).clamp_min(0),
-                )
+            row = Row(
+                prompt_ids=group.prompt_ids,
+                response_ids=group.response_ids[g],
+                old_logprobs=group.behaviour_logprobs[g],
+                advantage=float(advantages_BG[b, g]),
+                temperature=group.temperature,
+                trained=group_kept and not (filter_truncated and group.truncated[g]),
+                reward=float(group.rewards[g]),
+                behind=behind,
+                loss_mask=None if group.loss_masks is None else group.loss_masks[g],
+                token_behind=None
+                if trained_version is None
+                else (trained_version - group.versions(g)).clamp_min(0),
             )
+            rows.append(row)
+            for seg in group.segments[g] if group.segments is not None else ():
+                rows.append(_segment_row(row, seg, trained_version))
     return rows
+
+
+def _segment_row(episode: Row, seg: Segment, trained_version: int | None) -> Row:
+    """A later segment of an agent episode (a changed history) as a row of its own: its own
+    prompt, tokens, mask and versions; its episode's advantage, reward and whether it is
+    trained (the advantage is the episode's, computed over the group's episodes)."""
+    return replace(
+        episode,
+        prompt_ids=seg.prompt_ids,
+        response_ids=seg.response_ids,
+        old_logprobs=seg.behaviour_logprobs,
+        loss_mask=seg.loss_mask,
+        token_behind=None
+        if trained_version is None
+        else (trained_version - seg.token_versions).clamp_min(0),
+    )
 
 
 def collate(

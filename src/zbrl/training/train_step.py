@@ -357,7 +357,11 @@ def rank_slice(num_groups: int, rank: int, world_size: int) -> slice:
 
 
 def group_shapes(group: RolloutGroup) -> list[RowShape]:
-    return [RowShape(tuple(group.prompt_ids), int(r.numel())) for r in group.response_ids]
+    """The shapes of a group's rows (its completions', then its episodes' later segments')."""
+    shapes = [RowShape(tuple(group.prompt_ids), int(r.numel())) for r in group.response_ids]
+    for segments in group.segments or ():
+        shapes += [RowShape(tuple(s.prompt_ids), int(s.response_ids.numel())) for s in segments]
+    return shapes
 
 
 def rank_groups(

@@ -46,8 +46,8 @@ def read_request(body: Any, *, chat: bool) -> Request:
     """The request of a JSON ``body``; a body the endpoint cannot serve is a RequestError."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    if body.get("stream"):
-        raise RequestError("stream: true is not supported; ask without streaming")
+    if not isinstance(body.get("stream", False), bool):
+        raise RequestError("stream must be true or false")
     if body.get("n", 1) != 1:
         raise RequestError("n must be 1 (one completion per request)")
     stop = body.get("stop") or ()

@@ -1,6 +1,7 @@
-"""The endpoint's HTTP server: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
-over the Python standard library's threading HTTP server (one thread per connection; no
-streaming), on loopback unless configured otherwise.
+"""The endpoint's HTTP server: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``
+and ``/v1/models`` over the Python standard library's threading HTTP server (one thread per
+connection; ``stream: true`` answered as events synthesized from the finished answer,
+:mod:`zbrl.rollout.endpoint.streaming`), on loopback unless configured otherwise.
 
 Which episode a request belongs to is its API key (``Authorization: Bearer <key>``, or the
 ``X-Zbrl-Episode`` header, which wins): the episode runner opens an episode with
@@ -21,6 +22,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +30,7 @@ from typing import Any
 from zbrl.errors import RunError
 from zbrl.rollout.backends.base import SamplingParams
 from zbrl.rollout.endpoint import openai_api as api
+from zbrl.rollout.endpoint import responses, streaming
 from zbrl.rollout.endpoint.calls import CallQueue
 from zbrl.rollout.endpoint.conversation import ConversationTokens, Renderer
 
@@ -51,10 +54,13 @@ class EndpointSettings:
 
 @dataclass(frozen=True)
 class EpisodeBudget:
-    """An episode's limits: completion calls and tokens after its first prompt."""
+    """An episode's limits (completion calls, tokens after its prompts) and what a request
+    that changes its history does."""
 
     max_calls: int
     max_total_tokens: int
+    on_history_change: str = "refuse"
+    """``segment``: it starts a new segment of the episode; ``refuse``: 409 ``prefix_mismatch``."""
 
 
 @dataclass
@@ -122,8 +128,20 @@ class Endpoint:
         """A new episode; its API key."""
         key = "zbrl-ep-" + secrets.token_hex(12)
         with self._lock:
-            self._episodes[key] = _Open(ConversationTokens(self.renderer), budget)
+            tokens = ConversationTokens(
+                self.renderer, segment_on_change=budget.on_history_change == "segment"
+            )
+            self._episodes[key] = _Open(tokens, budget)
         return key
+
+    def idle_s(self, key: str) -> float:
+        """Seconds since the episode of ``key`` last made a request or got an answer (0 while a
+        request of it is being answered: the wait is the endpoint's, not the agent's)."""
+        with self._lock:
+            tokens = self._episodes[key].tokens
+        if tokens.lock.locked():
+            return 0.0
+        return time.monotonic() - tokens.active_at
 
     def close_episode(self, key: str) -> ConversationTokens:
         """Forget the episode of ``key`` (its later requests are refused); its tokens."""
@@ -135,9 +153,10 @@ class Endpoint:
     def handle(self, path: str, key: str | None, body: Any) -> dict[str, Any]:
         """The JSON answer to a POST of ``body`` to ``path``; a RequestError otherwise."""
         chat = path.endswith("/chat/completions")
-        if not chat and not path.endswith("/completions"):
+        asked = responses.read_responses_request(body) if path.endswith("/responses") else None
+        if not chat and asked is None and not path.endswith("/completions"):
             raise api.RequestError(f"no such endpoint: {path}", status=404, code="not_found")
-        request = api.read_request(body, chat=chat)
+        request = api.read_request(body, chat=chat) if asked is None else None
         episode = self._episode(key)
         tokens = episode.tokens if episode else ConversationTokens(self.renderer)
         if not tokens.lock.acquire(blocking=False):
@@ -146,9 +165,14 @@ class Endpoint:
                 status=409,
                 code="concurrent_request",
             )
+        tokens.active_at = time.monotonic()
         try:
+            if asked is not None:
+                return self._respond(asked, tokens, episode)
+            assert request is not None
             return self._complete(request, tokens, episode, chat)
         finally:
+            tokens.active_at = time.monotonic()
             tokens.lock.release()
 
     def abandoned(self, key: str | None, path: str, error: OSError) -> None:
@@ -186,7 +210,7 @@ class Endpoint:
     ) -> dict[str, Any]:
         if episode is not None and tokens.ended:
             return self._ended(chat)
-        if episode is not None and len(tokens.calls) >= episode.budget.max_calls:
+        if episode is not None and tokens.calls_made() >= episode.budget.max_calls:
             return self._end(tokens, "turn_limit", chat)
         before = len(tokens.ids)
         if chat:
@@ -195,9 +219,7 @@ class Endpoint:
         else:
             assert request.prompt is not None
             context = tokens.text_context(request.prompt)
-        if episode is not None and (
-            len(tokens.ids) - tokens.prompt_len >= episode.budget.max_total_tokens
-        ):
+        if episode is not None and tokens.tokens_used() >= episode.budget.max_total_tokens:
             tokens.cut(before)  # the message that leaves no room is not part of the episode
             return self._end(tokens, "token_limit", chat)
         params = self._params(request, tokens, episode)
@@ -214,6 +236,18 @@ class Endpoint:
             )
         tokens.record(generated, None)
         return api.text_response(self.model_name, c.text, c.finish_reason, n_prompt, n_completion)
+
+    def _respond(
+        self, asked: responses.ResponsesRequest, tokens: ConversationTokens, episode: _Open | None
+    ) -> dict[str, Any]:
+        """A ``/v1/responses`` request, completed on the chat path."""
+        history = responses.history_of(tokens.responses, asked.previous_response_id)
+        conversation = history + asked.items
+        request = api.read_request(asked.chat_body(history), chat=True)
+        chat = self._complete(request, tokens, episode, True)
+        response = responses.response_object(chat, asked)
+        tokens.responses[response["id"]] = [*conversation, responses.answered_message(chat)]
+        return response
 
     def _end(self, tokens: ConversationTokens, limit: str, chat: bool) -> dict[str, Any]:
         """An episode past a limit ends, truncated, as a built-in episode does (counted in
@@ -246,7 +280,7 @@ class Endpoint:
         else:
             assert self.episode_params is not None, "episodes opened without sampling params"
             base = self.episode_params
-            room = episode.budget.max_total_tokens - (len(tokens.ids) - tokens.prompt_len)
+            room = episode.budget.max_total_tokens - tokens.tokens_used()
         limit = min(base.max_new_tokens, room, request.max_tokens or room)
         stops = tuple(dict.fromkeys(base.stop_strings + request.stop))
         return replace(base, n=1, max_new_tokens=limit, stop_strings=stops)
@@ -274,14 +308,23 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             auth = self.headers.get("Authorization") or ""
             bearer = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
             key = self.headers.get(api.EPISODE_HEADER) or bearer
-            self._send(key, *self._answer(key, raw))
-
-        def _answer(self, key: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
+            body = None
             try:
                 body = json.loads(raw or b"null")
-                return 200, endpoint.handle(self.path, key, body)
             except json.JSONDecodeError as e:
-                return 400, api.error_body(f"the body is not JSON: {e}", "invalid_json")
+                status, payload = 400, api.error_body(f"the body is not JSON: {e}", "invalid_json")
+            else:
+                status, payload = self._answer(key, body)
+            stream, include_usage = streaming.stream_options(body)
+            if status == 200 and stream:
+                events = streaming.event_stream(payload, include_usage)
+                self._write(key, status, "text/event-stream", events)
+            else:
+                self._send(key, status, payload)
+
+        def _answer(self, key: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+            try:
+                return 200, endpoint.handle(self.path, key, body)
             except api.RequestError as e:
                 return e.status, api.error_body(str(e), e.code)
             except TimeoutError:
@@ -291,10 +334,12 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 return 500, api.error_body(f"{type(e).__name__}: {e}", "server_error")
 
         def _send(self, key: str | None, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            self._write(key, status, "application/json", json.dumps(payload).encode())
+
+        def _write(self, key: str | None, status: int, content_type: str, data: bytes) -> None:
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
