@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from zbrl.algorithms.distill import DistillWeights
 from zbrl.algorithms.policy_loss import LossConfig
 from zbrl.assembly.shared_settings import weight_sync_backend
+from zbrl.assembly.teacher import teacher_settings
 from zbrl.config import GaeAdvantage, GspoLoss, ImportAdvantage, PpoClipLoss, RunConfig
 from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
@@ -62,6 +64,7 @@ def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
             else None
         ),
         inflight_keep_cache=cfg.rollout.inflight_updates.after_swap == "keep",
+        teacher=teacher_settings(cfg),
     )
 
 
@@ -170,6 +173,9 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         ppo_epochs=a.ppo_epochs,
         proximal=a.proximal,
         critic=critic,
+        distill=None
+        if a.distill is None
+        else DistillWeights(coef=a.distill.coef, reward_coef=a.distill.reward_coef),
     )
 
 

@@ -333,6 +333,31 @@ def check_correction(cfg: RunSections) -> None:
         )
 
 
+def check_distill(cfg: RunSections) -> None:
+    d = cfg.algorithm.distill
+    if d is None:
+        return
+    backend = cfg.rollout.backend
+    if not backend.capabilities.behaviour_logprobs:
+        raise ValueError(
+            "algorithm.distill compares the teacher's log-probs with the student's behaviour "
+            f"log-probs, which rollout.backend.type={backend.type!r} does not return; use a "
+            "backend that does (transformers) or remove algorithm.distill"
+        )
+    if isinstance(cfg.algorithm.advantage, GaeAdvantage):
+        raise ValueError(
+            "algorithm.distill with algorithm.advantage.type=gae: both set per-token "
+            "advantages; use algorithm.advantage=grpo (or another group estimator) with "
+            "distill.reward_coef to mix them"
+        )
+    if d.teacher == EMBEDDED and cfg.model.path != EMBEDDED:
+        raise ValueError(
+            "algorithm.distill.teacher=embedded is the embedded model trained further, which "
+            "only the embedded student (model.path=embedded) shares a tokenizer with; give the "
+            "teacher's model directory or Hub id"
+        )
+
+
 def check_inflight_updates(cfg: RunSections) -> None:
     if not cfg.rollout.inflight_updates.enabled:
         return
@@ -487,6 +512,7 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_weight_sync,
     check_correction,
     check_proximal,
+    check_distill,
     check_inflight_updates,
     check_critic,
     check_step_start_pass,

@@ -33,7 +33,8 @@ from zbrl.rng import rng_state, set_rng_state
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
 from zbrl.rollout.episodes import EpisodeCompletion, EpisodeRunner
 from zbrl.rollout.inflight import InflightSwap, generate_inflight
-from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
+from zbrl.rollout.teacher import Teacher, TeacherCounts, TeacherSettings, load_teacher
+from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, TEACHER, WAIT_FOR_WEIGHTS, SpanRecorder
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightReceiver
 from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
@@ -66,6 +67,8 @@ class ProducerSettings:
     inflight_keep_cache: bool
     """In-flight updates: continue from the old weights' key/value cache after a swap (False:
     recompute it under the new weights)."""
+    teacher: TeacherSettings | None
+    """On-policy distillation: the teacher that scores every sampled token (None: none)."""
 
 
 @dataclass
@@ -77,6 +80,8 @@ class ProducerResult:
     samples: int
     weight_versions_loaded: int
     weight_sync_latencies_s: list[float]
+    teacher: TeacherCounts | None = None
+    """The distillation teacher's calls (None without a teacher)."""
 
 
 class Producer:
@@ -92,10 +97,16 @@ class Producer:
         receiver: WeightReceiver,
         recorder: SpanRecorder,
         episodes: EpisodeRunner,
+        teacher: Teacher | None = None,
     ) -> None:
         """``episodes``: runs and scores the episodes (single-turn: ``single_turn_episodes``
-        of :mod:`zbrl.rollout.single_turn`); their model turns are generated on ``backend``."""
+        of :mod:`zbrl.rollout.single_turn`); their model turns are generated on ``backend``.
+        ``teacher``: the distillation teacher (None: loaded from ``settings.teacher`` when it
+        is set)."""
         self.settings = settings
+        if teacher is None and settings.teacher is not None:
+            teacher = load_teacher(settings.teacher)
+        self.teacher = teacher
         self.episodes = episodes
         self.prompts = prompts
         self.backend = backend
@@ -130,6 +141,7 @@ class Producer:
             samples=self.samples_pushed,
             weight_versions_loaded=self.versions_loaded,
             weight_sync_latencies_s=list(self.receiver.latencies_s),
+            teacher=None if self.teacher is None else self.teacher.counts,
         )
 
     def step(self) -> bool:
@@ -251,12 +263,37 @@ class Producer:
             episodes = self.episodes.run(self._generate, prompts, params, version)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
             scored = self.episodes.score(self.reward, [p.example for p in prompts], episodes)
+        teacher = self._teacher_logprobs(prompts, episodes)
         return [
-            self._group(prompt, epoch, ticket, group, contexts, results, version, temperature)
-            for (prompt, epoch, _), ticket, group, (contexts, results) in zip(
-                chunk, tickets, episodes, scored, strict=True
+            self._group(
+                prompt, epoch, ticket, group, contexts, results, version, temperature, scores
+            )
+            for (prompt, epoch, _), ticket, group, (contexts, results), scores in zip(
+                chunk, tickets, episodes, scored, teacher, strict=True
             )
         ]
+
+    def _teacher_logprobs(
+        self, prompts: list[EncodedPrompt], episodes: list[list[EpisodeCompletion]]
+    ) -> list[list[torch.Tensor | None] | None]:
+        """Per group: the teacher's log-probs of each completion's tokens (None where its call
+        failed), in batched calls over the whole chunk; None per group without a teacher."""
+        if self.teacher is None:
+            return [None] * len(episodes)
+        sequences = [
+            (list(p.prompt_ids if c.prompt_ids is None else c.prompt_ids), c.token_ids)
+            for p, group in zip(prompts, episodes, strict=True)
+            for c in group
+        ]
+        with self.recorder.span(TEACHER, sequences=len(sequences)) as attrs:
+            calls = self.teacher.counts.calls
+            flat = self.teacher.score(sequences)
+            attrs["calls"] = self.teacher.counts.calls - calls
+        out, start = [], 0
+        for group in episodes:
+            out.append(flat[start : start + len(group)])
+            start += len(group)
+        return out
 
     def _group(
         self,
@@ -268,8 +305,10 @@ class Producer:
         results: list[RewardResult],
         version: int,
         temperature: float,
+        teacher: list[torch.Tensor | None] | None = None,
     ) -> RolloutGroup:
         record = self.episodes.group_record(completions)
+        teacher_failed = 0 if teacher is None else sum(t is None for t in teacher)
         token_versions = _token_versions(completions, version)
         if token_versions is not None:
             version = min((int(v.min()) for v in token_versions if v.numel()), default=version)
@@ -299,7 +338,22 @@ class Producer:
             episodes=record.turns,
             env_counts=record.env_counts,
             token_versions=token_versions,
+            teacher_logprobs=_teacher_tensors(teacher, completions),
+            teacher_failed=teacher_failed,
         )
+
+
+def _teacher_tensors(
+    teacher: list[torch.Tensor | None] | None, completions: list[EpisodeCompletion]
+) -> list[torch.Tensor] | None:
+    """The teacher's log-probs per completion; a failed one is NaN (its group is dropped by
+    the buffer, so it is never trained)."""
+    if teacher is None:
+        return None
+    return [
+        t if t is not None else torch.full((int(c.token_ids.numel()),), float("nan"))
+        for t, c in zip(teacher, completions, strict=True)
+    ]
 
 
 def _token_versions(

@@ -31,7 +31,8 @@ class Row:
     ref_logprobs: torch.Tensor | None = None  # reference policy (KL folded into the reward)
     old_values: torch.Tensor | None = None  # step-start critic values (PPO with GAE)
     returns: torch.Tensor | None = None  # value targets (GAE)
-    token_advantages: torch.Tensor | None = None  # per-token advantages (GAE)
+    token_advantages: torch.Tensor | None = None  # per-token advantages (GAE, distillation)
+    teacher_logprobs: torch.Tensor | None = None  # the distillation teacher's, float32 [L]
     # Multi-turn episodes: bool [L], True on the model's tokens (environment tokens are part of
     # the sequence but outside the loss); None: every response token is the model's.
     loss_mask: torch.Tensor | None = None
@@ -106,6 +107,9 @@ def build_rows(
                     if trained_version is None
                     else max(0, trained_version - group.policy_version),
                     loss_mask=None if group.loss_masks is None else group.loss_masks[g],
+                    teacher_logprobs=None
+                    if group.teacher_logprobs is None
+                    else group.teacher_logprobs[g],
                     token_behind=None
                     if trained_version is None
                     else (trained_version - group.versions(g)).clamp_min(0),
