@@ -358,6 +358,36 @@ def check_distill(cfg: RunSections) -> None:
         )
 
 
+def check_exact_logprobs(cfg: RunSections) -> None:
+    if not cfg.rollout.exact_logprobs:
+        return
+    backend, t = cfg.rollout.backend, cfg.training
+    fix = "or set rollout.exact_logprobs=false"
+    if not backend.capabilities.exact_logprobs:
+        raise ValueError(
+            f"rollout.exact_logprobs: rollout.backend.type={backend.type!r} samples in an engine "
+            "whose forward pass is not the trainer's; use rollout.backend.type=transformers, "
+            f"{fix} (docs/precision.md)"
+        )
+    wrong = []
+    if t.engine.type == "fsdp2":
+        wrong.append("training.engine.type=single or ddp (FSDP2 computes in its own precision)")
+    if cfg.model.lora is not None:
+        wrong.append("no model.lora (the producer merges adapters into its weights)")
+    if cfg.rollout.inflight_updates.enabled:
+        wrong.append("rollout.inflight_updates.enabled=false (one version per sequence)")
+    if wrong:
+        raise ValueError(
+            "rollout.exact_logprobs scores each sequence as the trainer's forward then runs it "
+            f"(one full row per pass, same weights); set {', '.join(wrong)}, {fix}"
+        )
+    if t.packing:
+        raise ValueError(
+            "rollout.exact_logprobs trains one full row per forward pass, so training.packing "
+            f"would not apply; set training.packing=false, {fix}"
+        )
+
+
 def check_inflight_updates(cfg: RunSections) -> None:
     if not cfg.rollout.inflight_updates.enabled:
         return
@@ -513,6 +543,7 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_correction,
     check_proximal,
     check_distill,
+    check_exact_logprobs,
     check_inflight_updates,
     check_critic,
     check_step_start_pass,

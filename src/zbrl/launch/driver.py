@@ -259,7 +259,7 @@ def execute(
         checkpoint=checkpoint,
     )
     if cfg.algorithm.distill is not None:
-        from zbrl.assembly.teacher import teacher_summary
+        from zbrl.evaluation.teacher import teacher_summary
 
         summary.update(teacher_summary(cfg, outcome.results, buffer_stats))
     if clock is not None:

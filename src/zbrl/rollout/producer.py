@@ -34,7 +34,15 @@ from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingPar
 from zbrl.rollout.episodes import EpisodeCompletion, EpisodeRunner
 from zbrl.rollout.inflight import InflightSwap, generate_inflight
 from zbrl.rollout.teacher import Teacher, TeacherCounts, TeacherSettings, load_teacher
-from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, TEACHER, WAIT_FOR_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import (
+    GENERATE,
+    PUSH,
+    RESCORE,
+    SCORE,
+    TEACHER,
+    WAIT_FOR_WEIGHTS,
+    SpanRecorder,
+)
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightReceiver
 from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
@@ -42,6 +50,17 @@ from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
 POLL_TIMEOUT_S = 1.0
 """Longest single wait for admission or for weights; the producer waits again until it gets them
 (or the buffer closes)."""
+
+
+@dataclass(frozen=True)
+class ExactLogprobs:
+    """``rollout.exact_logprobs``: how the trainer computes log-probs, for the backend to
+    re-score the sampled sequences the same way (:func:`zbrl.models.forward.score_rows`)."""
+
+    dtype: str
+    """The trainer's compute dtype (``model.dtype``)."""
+    chunk_size: int
+    """The trainer's ``training.logprob_chunk_size``."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,9 @@ class ProducerSettings:
     recompute it under the new weights)."""
     teacher: TeacherSettings | None
     """On-policy distillation: the teacher that scores every sampled token (None: none)."""
+    exact_logprobs: ExactLogprobs | None
+    """Re-score every sampled sequence with the trainer's forward (None: keep the log-probs
+    the backend sampled with)."""
 
 
 @dataclass
@@ -261,6 +283,8 @@ class Producer:
         prompts = [p for p, _, _ in chunk]
         with self.recorder.span(GENERATE, prompts=len(chunk), version=version):
             episodes = self.episodes.run(self._generate, prompts, params, version)
+        if self.settings.exact_logprobs is not None:
+            self._rescore(prompts, episodes, temperature)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
             scored = self.episodes.score(self.reward, [p.example for p in prompts], episodes)
         teacher = self._teacher_logprobs(prompts, episodes)
@@ -272,6 +296,31 @@ class Producer:
                 chunk, tickets, episodes, scored, teacher, strict=True
             )
         ]
+
+    def _rescore(
+        self,
+        prompts: list[EncodedPrompt],
+        episodes: list[list[EpisodeCompletion]],
+        temperature: float,
+    ) -> None:
+        """Replace each completion's behaviour log-probs on the model's tokens by the trainer's
+        numbers for the same weights (``rollout.exact_logprobs``)."""
+        exact = self.settings.exact_logprobs
+        flat = [c for group in episodes for c in group]
+        rows = [
+            (list(p.prompt_ids if c.prompt_ids is None else c.prompt_ids), c.token_ids)
+            for p, group in zip(prompts, episodes, strict=True)
+            for c in group
+        ]
+        with self.recorder.span(RESCORE, sequences=len(rows)):
+            scored = self.backend.score_exact(
+                rows,
+                temperature=temperature,
+                dtype=getattr(torch, exact.dtype),
+                chunk_size=exact.chunk_size,
+            )
+        for c, logp in zip(flat, scored, strict=True):
+            c.logprobs = logp if c.loss_mask is None else torch.where(c.loss_mask, logp, 0.0)
 
     def _teacher_logprobs(
         self, prompts: list[EncodedPrompt], episodes: list[list[EpisodeCompletion]]
