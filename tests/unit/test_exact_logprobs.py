@@ -103,6 +103,7 @@ def test_exact_logprobs_train_one_full_row_per_forward():
     ("overrides", "message"),
     [
         (["rollout.backend.type=vllm"], "not the trainer's"),
+        (["model.dtype=bfloat16"], "inference_dtype=float32"),
         (["training.packing=true"], "training.packing=false"),
         (["rollout.inflight_updates.enabled=true"], "inflight_updates.enabled=false"),
     ],

@@ -370,6 +370,12 @@ def check_exact_logprobs(cfg: RunSections) -> None:
             f"{fix} (docs/precision.md)"
         )
     wrong = []
+    inference = cfg.rollout.inference_dtype or cfg.model.dtype
+    if inference != "float32":
+        wrong.append(
+            "rollout.inference_dtype=float32 (the producer must hold the trainer's float32 "
+            "weights; autocast gives both the same lower-precision products)"
+        )
     if t.engine.type == "fsdp2":
         wrong.append("training.engine.type=single or ddp (FSDP2 computes in its own precision)")
     if cfg.model.lora is not None:
