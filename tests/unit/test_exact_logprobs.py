@@ -93,10 +93,10 @@ def test_without_exact_logprobs_the_same_steps_see_a_mismatch(tiny_model_dir, dt
     assert metrics["mismatch_abs_logp"] > above
 
 
-def test_exact_logprobs_train_one_full_row_per_forward():
+def test_exact_logprobs_train_one_group_of_full_rows_per_forward():
     cfg = demo_config("bfloat16", True)
     micro = step_settings(cfg, 0).micro
-    assert (micro.size, micro.tokens, micro.share_prompts, micro.packing) == (1, None, False, False)
+    assert (micro.size, micro.tokens, micro.share_prompts, micro.packing) == (G, None, False, False)
 
 
 @pytest.mark.parametrize(

@@ -184,11 +184,12 @@ def context_parallel(cfg: RunConfig) -> bool:
 
 
 def micro_batching(cfg: RunConfig, critic: CriticSettings | None) -> MicroBatching:
-    """How the trainer cuts a step into forward passes: one full row per pass under
-    ``rollout.exact_logprobs`` (the producer scored each row alone), else the training
-    section's settings."""
+    """How the trainer cuts a step into forward passes: one group's full rows per pass under
+    ``rollout.exact_logprobs`` (the producer scored each group so), else the training section's
+    settings."""
     if cfg.rollout.exact_logprobs:
-        return MicroBatching(size=1, tokens=None, share_prompts=False, packing=False)
+        g = cfg.rollout.generation.num_generations
+        return MicroBatching(size=g, tokens=None, share_prompts=False, packing=False)
     return MicroBatching(
         size=cfg.training.train_microbatch_size,
         tokens=cfg.training.train_microbatch_tokens,

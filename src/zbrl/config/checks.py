@@ -384,12 +384,12 @@ def check_exact_logprobs(cfg: RunSections) -> None:
         wrong.append("rollout.inflight_updates.enabled=false (one version per sequence)")
     if wrong:
         raise ValueError(
-            "rollout.exact_logprobs scores each sequence as the trainer's forward then runs it "
-            f"(one full row per pass, same weights); set {', '.join(wrong)}, {fix}"
+            "rollout.exact_logprobs scores each group as the trainer's forward then runs it "
+            f"(one group of full rows per pass, the same weights); set {', '.join(wrong)}, {fix}"
         )
     if t.packing:
         raise ValueError(
-            "rollout.exact_logprobs trains one full row per forward pass, so training.packing "
+            "rollout.exact_logprobs trains one group of full rows per pass, so training.packing "
             f"would not apply; set training.packing=false, {fix}"
         )
 

@@ -174,13 +174,13 @@ class RolloutConfig(Section):
     inflight_updates: InflightUpdates = Field(default_factory=InflightUpdates)
     """New weights in the middle of a generation (single-turn tasks; both backends)."""
     exact_logprobs: bool = False
-    """Record behaviour log-probs equal to the trainer's: after sampling, each sequence is
-    re-scored by the trainer's own forward and log-prob code, in its compute dtype
-    (``model.dtype``), one full row per forward; the trainer then runs one full row per
-    forward too (its micro-batches become single rows: ``training.train_microbatch_size``,
-    ``train_microbatch_tokens`` and ``share_prompts`` do not apply; gradient accumulation
-    keeps the step the same), so ``mismatch_abs_logp`` is 0 (docs/precision.md, "Exact
-    behaviour log-probs")."""
+    """Record behaviour log-probs equal to the trainer's: after sampling, each group's
+    sequences are re-scored by the trainer's own forward and log-prob code, in its compute
+    dtype (``model.dtype``), one group of right-padded full rows per forward pass; the trainer
+    then runs the same micro-batches (one group each: ``training.train_microbatch_size``,
+    ``train_microbatch_tokens`` and ``share_prompts`` do not apply; gradient accumulation keeps
+    the step the same), so ``mismatch_abs_logp`` is 0 (docs/precision.md, "Exact behaviour
+    log-probs")."""
     inference_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Inference precision: the dtype producers and the evaluator generate with (published
     weights are cast to it, and a LoRA run's base is loaded in it there). None: ``model.dtype``,

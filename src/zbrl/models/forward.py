@@ -4,8 +4,8 @@ The trainer computes a micro-batch of full rows (prompt + response, right-padded
 ``model(input_ids, attention_mask).logits[:, :-1]`` under :func:`autocast` to its compute dtype,
 with the model's CPU attention put in float32 under bfloat16 autocast
 (:func:`zbrl.models.cpu_attention.attention_in_float32`). ``rollout.exact_logprobs`` has the
-producer score its sampled sequences with these same functions, in the same dtype, one row per
-forward as the trainer then runs them (docs/precision.md, "Exact behaviour log-probs").
+producer score its sampled sequences with these same functions, in the same dtype, one group
+per forward as the trainer then runs them (docs/precision.md, "Exact behaviour log-probs").
 """
 
 from __future__ import annotations
@@ -56,37 +56,51 @@ def trainer_temperature(temperature: float) -> float:
     return float(torch.tensor(temperature, dtype=torch.float32))
 
 
+def right_padded(sequences: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full rows (1-D int64 tensors) right-padded with ``pad_id`` to the longest: the ids and
+    the attention mask ``[B, T]``, as the trainer lays out a micro-batch of full rows."""
+    lengths = [int(seq.numel()) for seq in sequences]
+    width = max(lengths)
+    ids_BT = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        ids_BT[b, : lengths[b]] = seq
+    attention_BT = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return ids_BT, attention_BT
+
+
 @torch.no_grad()
 def score_rows(
     model: torch.nn.Module,
     rows: list[tuple[list[int], torch.Tensor]],
     *,
+    pad_id: int,
     temperature: float,
     device: torch.device,
     dtype: torch.dtype,
     chunk_size: int,
 ) -> list[torch.Tensor]:
     """float32 [L] log-probs of each (prompt ids, response ids [L]) row's response tokens, as
-    the trainer computes them for a micro-batch of that one row: the full row through
-    :func:`full_row_logits` under :func:`autocast` to ``dtype`` with the trainer's attention,
-    then :func:`zbrl.algorithms.logprobs.logprobs_and_entropy` outside autocast at
-    ``temperature`` (:func:`trainer_temperature`) with the trainer's ``chunk_size``. One row
-    per forward: the numbers do not depend on what else was sampled with it."""
+    the trainer computes them for a micro-batch of exactly these rows: the rows right-padded
+    (:func:`right_padded`) through :func:`full_row_logits` under :func:`autocast` to ``dtype``
+    with the trainer's attention, then :func:`zbrl.algorithms.logprobs.logprobs_and_entropy`
+    outside autocast at ``temperature`` (:func:`trainer_temperature`) with the trainer's
+    ``chunk_size``, all in one forward pass."""
     from zbrl.algorithms.logprobs import logprobs_and_entropy
 
-    out = []
+    full = [torch.cat([torch.tensor(p, dtype=torch.long), r.cpu()]) for p, r in rows]
+    ids_BT, attention_BT = right_padded(full, pad_id)
+    ids_BT, attention_BT = ids_BT.to(device), attention_BT.to(device)
     with training_attention(model, device, dtype):
-        for prompt, response in rows:
-            ids_1T = torch.cat([torch.tensor(prompt, dtype=torch.long), response.cpu()])[None]
-            ids_1T = ids_1T.to(device)
-            with autocast(device, dtype):
-                logits = full_row_logits(model, ids_1T, torch.ones_like(ids_1T))
-            logp_1T, _ = logprobs_and_entropy(
-                logits,
-                ids_1T[:, 1:],
-                temperature=trainer_temperature(temperature),
-                chunk_size=chunk_size,
-                with_entropy=True,
-            )
-            out.append(logp_1T[0, len(prompt) - 1 :].float().cpu())
-    return out
+        with autocast(device, dtype):
+            logits = full_row_logits(model, ids_BT, attention_BT)
+        logp_BT, _ = logprobs_and_entropy(
+            logits,
+            ids_BT[:, 1:],
+            temperature=trainer_temperature(temperature),
+            chunk_size=chunk_size,
+            with_entropy=True,
+        )
+    return [
+        logp_BT[b, len(p) - 1 : len(p) - 1 + int(r.numel())].float().cpu()
+        for b, (p, r) in enumerate(rows)
+    ]

@@ -304,23 +304,24 @@ class Producer:
         temperature: float,
     ) -> None:
         """Replace each completion's behaviour log-probs on the model's tokens by the trainer's
-        numbers for the same weights (``rollout.exact_logprobs``)."""
+        numbers for the same weights (``rollout.exact_logprobs``): one group per forward pass,
+        the micro-batch the trainer runs it in."""
         exact = self.settings.exact_logprobs
-        flat = [c for group in episodes for c in group]
-        rows = [
-            (list(p.prompt_ids if c.prompt_ids is None else c.prompt_ids), c.token_ids)
-            for p, group in zip(prompts, episodes, strict=True)
-            for c in group
-        ]
-        with self.recorder.span(RESCORE, sequences=len(rows)):
-            scored = self.backend.score_exact(
-                rows,
-                temperature=temperature,
-                dtype=getattr(torch, exact.dtype),
-                chunk_size=exact.chunk_size,
-            )
-        for c, logp in zip(flat, scored, strict=True):
-            c.logprobs = logp if c.loss_mask is None else torch.where(c.loss_mask, logp, 0.0)
+        with self.recorder.span(RESCORE, sequences=sum(len(g) for g in episodes)):
+            for p, group in zip(prompts, episodes, strict=True):
+                scored = self.backend.score_exact(
+                    [
+                        (list(p.prompt_ids if c.prompt_ids is None else c.prompt_ids), c.token_ids)
+                        for c in group
+                    ],
+                    temperature=temperature,
+                    dtype=getattr(torch, exact.dtype),
+                    chunk_size=exact.chunk_size,
+                )
+                for c, logp in zip(group, scored, strict=True):
+                    c.logprobs = (
+                        torch.where(c.loss_mask, logp, 0.0) if c.loss_mask.numel() else logp
+                    )
 
     def _teacher_logprobs(
         self, prompts: list[EncodedPrompt], episodes: list[list[EpisodeCompletion]]

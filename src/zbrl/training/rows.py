@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.models.forward import right_padded
 from zbrl.models.kv_cache import left_pad
 from zbrl.training.model_inputs import ModelInputs, PackedRows, SharedPrompts
 from zbrl.types import RolloutGroup
@@ -166,13 +167,8 @@ def collate(
 
 
 def _full_layout(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = [row_length(r) for r in rows]
-    input_ids = torch.full((len(rows), max(lengths)), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        p, resp = len(r.prompt_ids), r.response_ids
-        input_ids[i, :p] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        input_ids[i, p : p + resp.numel()] = resp
-    return input_ids, _right_mask(lengths, input_ids.shape[1])
+    full = [torch.cat([torch.tensor(r.prompt_ids, dtype=torch.long), r.response_ids]) for r in rows]
+    return right_padded(full, pad_id)  # as the producer's exact log-probs lay them out
 
 
 def _response_layout(

@@ -179,11 +179,12 @@ class TransformersBackend:
         chunk_size: int,
     ) -> list[torch.Tensor]:
         """The response tokens' log-probs of each (prompt ids, response ids) row as the trainer
-        computes them (capability ``exact_logprobs``: :func:`zbrl.models.forward.score_rows`
-        on this backend's model)."""
+        computes them for a micro-batch of these rows, padded with this backend's pad id
+        (capability ``exact_logprobs``: :func:`zbrl.models.forward.score_rows` on its model)."""
         return score_rows(
             self.model,
             rows,
+            pad_id=self.pad_id,
             temperature=temperature,
             device=self.device,
             dtype=dtype,
