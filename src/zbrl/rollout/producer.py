@@ -16,6 +16,12 @@ is). With an environment (docs/environments.md) an episode's response holds the 
 messages too, with a loss mask over the model's turns. Every generation call goes through
 :meth:`Producer._generate`; in-flight updates are refused for environments by the config, so
 every turn of a batch's multi-turn episodes is generated with the same weights.
+
+Two optional passes follow generation: ``rollout.exact_logprobs`` re-scores each group by the
+trainer's own forward (the behaviour log-probs then equal the trainer's,
+:mod:`zbrl.models.forward`), and ``algorithm.distill``'s teacher scores every sampled token
+(:mod:`zbrl.rollout.teacher`; a group it could not score is marked ``teacher_failed`` and
+dropped by the buffer).
 """
 
 from __future__ import annotations

@@ -33,6 +33,11 @@ the trained groups' ``env/agent_failures`` can never show a failed episode, sinc
 never trained. A failed episode's placeholder reward (0) is not a score: the pre-filter
 ``reward`` mean leaves its group out, as it leaves out the responses whose reward failed.
 
+Teacher failures. A group the distillation teacher could not score
+(``RolloutGroup.teacher_failed``: a teacher call raised) is dropped on arrival the same way, with
+its own counters (``groups_dropped_teacher_failed``, ``responses_teacher_failed``): its teacher
+log-probs are NaN, never trained.
+
 Per-token versions (in-flight updates, ``RolloutGroup.token_versions``) leave this rule as it is:
 a group's ``policy_version`` is the version of its *oldest* token. A producer loads at least the
 reservation's version before it starts and versions only go up while it generates, so every
