@@ -61,9 +61,13 @@ def tokenizer_difference(ours: Any, theirs: Any) -> str | None:
     sequence); None when they agree."""
     vocab, other = ours.get_vocab(), theirs.get_vocab()
     if vocab != other:
-        missing = len(vocab.keys() - other.keys())
+        ours_only = len(vocab.keys() - other.keys())
+        theirs_only = len(other.keys() - vocab.keys())
         moved = sum(1 for k, v in vocab.items() if k in other and other[k] != v)
-        return f"{missing} of the student's tokens are missing and {moved} have other ids"
+        return (
+            f"the vocabularies differ ({ours_only} tokens only the student has, {theirs_only} "
+            f"only the teacher has, {moved} with other ids)"
+        )
     if ours.eos_token_id != theirs.eos_token_id:
         return f"eos id {theirs.eos_token_id} against the student's {ours.eos_token_id}"
     return None
