@@ -127,7 +127,7 @@ class Trainer:
             minibatches.append((rows, count))
         self._check_versions(policy_version)
         all_rows = [row for rows, _ in minibatches for row in rows]
-        distill_metrics = {} if s.distill is None else distill_rows(all_rows, s.distill)
+        distill_metrics = {} if s.distill is None else self._distill(all_rows, s.distill)
         metrics = self._step_start(all_rows)
         metrics.update(distill_metrics)
         totals = _Totals()
@@ -141,6 +141,12 @@ class Trainer:
         metrics["advantage_mean"] = float(advantages_BG.mean())
         metrics["advantage_abs_mean"] = float(advantages_BG.abs().mean())
         return metrics
+
+    def _distill(self, rows: list[Row], weights: DistillWeights) -> dict[str, float]:
+        """Per-token distillation advantages on this rank's rows; the step's mean reverse KL
+        over every rank's trained tokens."""
+        total, count = self.engine.all_reduce(list(distill_rows(rows, weights)), "sum")
+        return {"distill/reverse_kl": total / count if count else 0.0}
 
     def _steps_per_batch(self, minibatches: int) -> int:
         return minibatches * self.settings.ppo_epochs
@@ -309,10 +315,10 @@ class Trainer:
         )
 
 
-def distill_rows(rows: list[Row], weights: DistillWeights) -> dict[str, float]:
+def distill_rows(rows: list[Row], weights: DistillWeights) -> tuple[float, float]:
     """Set every row's per-token advantages from its teacher log-probs (see
-    :mod:`zbrl.algorithms.distill`); the step's mean sampled-token reverse KL over the model's
-    tokens of the trained rows (``distill/reverse_kl``)."""
+    :mod:`zbrl.algorithms.distill`); the sampled-token reverse KL summed over the model's tokens
+    of the trained rows, and their count."""
     total, count = 0.0, 0
     for row in rows:
         if row.teacher_logprobs is None:
@@ -331,7 +337,7 @@ def distill_rows(rows: list[Row], weights: DistillWeights) -> dict[str, float]:
         if row.trained:
             kl, n = reverse_kl_per_token(row.old_logprobs, row.teacher_logprobs, row.loss_mask)
             total, count = total + kl, count + n
-    return {"distill/reverse_kl": total / count if count else 0.0}
+    return total, float(count)
 
 
 SUMMED = ("num_tokens", "trained_tokens")
