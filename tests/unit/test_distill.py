@@ -221,6 +221,7 @@ def test_the_trainer_refuses_groups_without_teacher_logprobs(tiny_model_dir):
             "only the embedded student",
         ),
         (["algorithm.distill.teacher=embedded", "algorithm.preset=ppo"], "both set per-token"),
+        (["algorithm.distill.teacher=http://127.0.0.1:8000/v1"], "behind an endpoint"),
     ],
 )
 def test_config_refuses_what_cannot_distil(overrides, message):

@@ -196,6 +196,17 @@ class DistillConfig(Section):
     def embedded_teacher(self) -> bool:
         return self.teacher == EMBEDDED
 
+    @field_validator("teacher")
+    @classmethod
+    def _check_teacher(cls, value: str) -> str:
+        if value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"algorithm.distill.teacher={value!r}: a teacher behind an endpoint is not "
+                "supported; the teacher runs in-process with transformers: give its model "
+                "directory, Hub id or pulled name (or `embedded`)"
+            )
+        return value
+
 
 class AlgorithmConfig(Section):
     """Everything that defines the update rule."""
