@@ -98,6 +98,12 @@ class RolloutGroup:
     env_counts: dict[str, float] = field(default_factory=dict)
     """Multi-turn episodes: events summed over the group (turns, tool calls, tool errors, turn
     and token limits), reported as ``env/<name>`` metrics."""
+    teacher_logprobs: list[torch.Tensor] | None = field(default_factory=_none)
+    """On-policy distillation (``algorithm.distill``): G float32 tensors, each [L_i], the
+    teacher's log-prob of each sampled response token; None without a teacher."""
+    teacher_failed: int = 0
+    """Responses the teacher could not score (a failed teacher call); the buffer never trains
+    such a group: it drops it and counts it (``teacher_failed``), as a failed reward's."""
     token_versions: list[torch.Tensor] | None = field(default_factory=_none)
     """G int64 tensors, each [L_i]: the policy version that sampled each response token
     (in-flight updates change it inside a response; never below ``policy_version``); None: every
@@ -149,6 +155,7 @@ class RolloutGroup:
         state.setdefault("reward_failed", 0)
         state.setdefault("episode_failures", 0)
         state.setdefault("segments", None)
+        state.setdefault("teacher_failed", 0)
         self.__dict__.update(state)
         if packed:
             self.__dict__[_PACKED_STATE] = packed
@@ -230,6 +237,7 @@ PACKED_FIELDS = {
     "behaviour_logprobs": "float32",
     "loss_masks": "bool",
     "token_versions": "int64",
+    "teacher_logprobs": "float32",
 }
 """A RolloutGroup's per-token fields and their dtypes: pickled as one flat NumPy array each and
 the G lengths (:meth:`RolloutGroup.__getstate__`)."""

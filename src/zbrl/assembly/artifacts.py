@@ -60,5 +60,9 @@ def prepare_artifacts(
     if uses_embedded_reward_model(cfg):  # trained on the warm-started policy's answers, cached
         embedded_reward_model_dir(cfg, verbose=verbose)
     tokenizer_dir = sources.model.tokenizer_dir or model_dir
+    if cfg.algorithm.distill is not None:  # built or fetched here; refused unless it shares
+        from zbrl.assembly.teacher import check_same_tokenizer, teacher_dir  # the tokenizer
+
+        check_same_tokenizer(teacher_dir(cfg, verbose=verbose), tokenizer_dir)
     train, evals = sources.datasets.with_task_files(task_train, task_eval)
     return Artifacts(model_dir, tokenizer_dir, train, evals)

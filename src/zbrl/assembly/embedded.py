@@ -45,10 +45,23 @@ def embedded_task_files(cfg: RunConfig) -> tuple[Path, Path]:
 def embedded_policy_dir(cfg: RunConfig, *, verbose: bool = True) -> Path:
     """The warm-started embedded policy of ``data.synthetic.task`` (cached: built once, then
     found)."""
+    return _warm_started(cfg, cfg.model.warm_start, verbose=verbose)
+
+
+def embedded_teacher_dir(cfg: RunConfig, *, verbose: bool = True) -> Path:
+    """``algorithm.distill.teacher=embedded``: the embedded model of the same task, trained by
+    the warm-start builder with ``algorithm.distill.teacher_warm_start`` (by default further
+    than the student, without the early stop), cached the same way."""
+    distill = cfg.algorithm.distill
+    if distill is None:
+        raise ValueError("embedded_teacher_dir: the config has no algorithm.distill")
+    return _warm_started(cfg, distill.teacher_warm_start, verbose=verbose)
+
+
+def _warm_started(cfg: RunConfig, ws, *, verbose: bool) -> Path:
     from zbrl.embedded.artifacts import warm_started_policy
     from zbrl.embedded.warm_start import WarmStartSettings
 
-    ws = cfg.model.warm_start
     settings = WarmStartSettings(
         seed=cfg.seed,
         steps=ws.steps,

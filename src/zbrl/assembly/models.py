@@ -8,29 +8,15 @@ from pathlib import Path
 import torch
 
 from zbrl.assembly.model_source import load_tokenizer
-from zbrl.assembly.settings import step_settings
+from zbrl.assembly.settings import device_of, inference_dtype_name, step_settings
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-
-
-def device_of(cfg: RunConfig) -> torch.device:
-    if cfg.training.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.training.device)
 
 
 def compute_dtype(cfg: RunConfig) -> torch.dtype:
     """dtype of the training forward/backward passes and of the frozen reference
     (``model.dtype``); trained weights and optimizer state are float32 whatever it is."""
     return getattr(torch, cfg.model.dtype)
-
-
-def inference_dtype_name(cfg: RunConfig) -> str:
-    """The inference precision: the dtype producers and the evaluator generate with and
-    published weights are cast to (``rollout.inference_dtype``; unset: ``model.dtype``). The
-    one place it is read."""
-    name = cfg.rollout.inference_dtype
-    return cfg.model.dtype if name is None else name
 
 
 def inference_dtype(cfg: RunConfig) -> torch.dtype:

@@ -6,12 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from zbrl.algorithms.distill import DistillWeights
 from zbrl.algorithms.policy_loss import LossConfig
 from zbrl.assembly.shared_settings import weight_sync_backend
+from zbrl.assembly.teacher import teacher_dir
 from zbrl.config import GaeAdvantage, GspoLoss, ImportAdvantage, PpoClipLoss, RunConfig
 from zbrl.config.transport import BroadcastSync
 from zbrl.rollout.backends.base import SamplingParams
-from zbrl.rollout.producer import ProducerSettings
+from zbrl.rollout.producer import ExactLogprobs, ProducerSettings
+from zbrl.rollout.teacher import TeacherSettings
 from zbrl.training.consumer import ConsumerSettings
 from zbrl.training.rows import MicroBatching
 from zbrl.training.step_start import CriticSettings
@@ -43,6 +48,36 @@ def eval_sampling_params(cfg: RunConfig) -> SamplingParams:
     )
 
 
+def device_of(cfg: RunConfig) -> torch.device:
+    if cfg.training.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.training.device)
+
+
+def inference_dtype_name(cfg: RunConfig) -> str:
+    """The inference precision: the dtype producers and the evaluator generate with and
+    published weights are cast to (``rollout.inference_dtype``; unset: ``model.dtype``). The
+    one place it is read."""
+    name = cfg.rollout.inference_dtype
+    return cfg.model.dtype if name is None else name
+
+
+def teacher_settings(cfg: RunConfig) -> TeacherSettings | None:
+    """What a producer needs to load the distillation teacher (None without
+    ``algorithm.distill``); the directory is the driver's (built or fetched before the workers
+    start)."""
+    distill = cfg.algorithm.distill
+    if distill is None:
+        return None
+    return TeacherSettings(
+        model_dir=str(teacher_dir(cfg, verbose=False)),
+        dtype=inference_dtype_name(cfg),
+        device=str(device_of(cfg)),
+        batch_size=distill.batch_size,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+
+
 def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
     schedule = cfg.rollout.generation.temperature_schedule
     return ProducerSettings(
@@ -62,6 +97,12 @@ def producer_settings(cfg: RunConfig, index: int) -> ProducerSettings:
             else None
         ),
         inflight_keep_cache=cfg.rollout.inflight_updates.after_swap == "keep",
+        teacher=teacher_settings(cfg),
+        exact_logprobs=ExactLogprobs(
+            dtype=cfg.model.dtype, chunk_size=cfg.training.logprob_chunk_size
+        )
+        if cfg.rollout.exact_logprobs
+        else None,
     )
 
 
@@ -142,6 +183,23 @@ def context_parallel(cfg: RunConfig) -> bool:
     return engine.type == "fsdp2" and engine.context_parallel_size > 1
 
 
+def micro_batching(cfg: RunConfig, critic: CriticSettings | None) -> MicroBatching:
+    """How the trainer cuts a step into forward passes: one group's full rows per pass under
+    ``rollout.exact_logprobs`` (the producer scored each group so), else the training section's
+    settings."""
+    if cfg.rollout.exact_logprobs:
+        g = cfg.rollout.generation.num_generations
+        return MicroBatching(size=g, tokens=None, share_prompts=False, packing=False)
+    return MicroBatching(
+        size=cfg.training.train_microbatch_size,
+        tokens=cfg.training.train_microbatch_tokens,
+        # the critic's value model and context parallelism take full rows (documented on
+        # the field)
+        share_prompts=cfg.training.share_prompts and critic is None and not context_parallel(cfg),
+        packing=cfg.training.packing,  # its combinations are checked (check_packing)
+    )
+
+
 def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
     a = cfg.algorithm
     critic = critic_settings(cfg)
@@ -151,16 +209,7 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         policy_loss=a.policy_loss.type,
         loss=loss_config(cfg),
         minibatch_groups=cfg.minibatch_size,
-        micro=MicroBatching(
-            size=cfg.training.train_microbatch_size,
-            tokens=cfg.training.train_microbatch_tokens,
-            # the critic's value model and context parallelism take full rows (documented on
-            # the field)
-            share_prompts=cfg.training.share_prompts
-            and critic is None
-            and not context_parallel(cfg),
-            packing=cfg.training.packing,  # its combinations are checked (check_packing)
-        ),
+        micro=micro_batching(cfg, critic),
         filter_truncated=a.filter_truncated_response,
         loss_filter_range=None if a.dynamic_batching else a.filter_range,
         max_norm=a.max_norm,
@@ -170,6 +219,9 @@ def step_settings(cfg: RunConfig, pad_id: int) -> StepSettings:
         ppo_epochs=a.ppo_epochs,
         proximal=a.proximal,
         critic=critic,
+        distill=None
+        if a.distill is None
+        else DistillWeights(coef=a.distill.coef, reward_coef=a.distill.reward_coef),
     )
 
 

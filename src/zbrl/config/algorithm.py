@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from zbrl.config.base import Section
+from zbrl.config.model import EMBEDDED, WarmStartConfig
 from zbrl.config.plugin import as_plugin_dict, check_import_path, plugin_union
 
 AggregationMode = Literal[
@@ -165,6 +166,48 @@ class CriticConfig(Section):
     """Critic AdamW weight decay."""
 
 
+def _teacher_warm_start() -> WarmStartConfig:
+    return WarmStartConfig(steps=500, stop_at_accuracy=None)
+
+
+class DistillConfig(Section):
+    """On-policy distillation: a teacher scores every token the student sampled, and the
+    student minimises the per-token reverse KL to it, estimated on the sampled token
+    (docs/algorithms.md, "On-policy distillation")."""
+
+    teacher: str
+    """The teacher: a model directory, a Hub id or a pulled model's name (run in-process on
+    each producer with transformers, in ``rollout.inference_dtype``), or ``embedded`` (the
+    embedded model's warm start trained further, ``teacher_warm_start``). It must share the
+    student's tokenizer."""
+    coef: float = Field(default=1.0, gt=0)
+    """Weight of the per-token distillation advantage ``teacher logp - student logp`` of each
+    sampled token."""
+    reward_coef: float = Field(default=0.0, ge=0)
+    """Weight of the advantage estimator's (GRPO's) sequence advantage added to every token's;
+    0: distillation alone (rewards are still computed and reported)."""
+    batch_size: int = Field(default=32, ge=1)
+    """Sequences per teacher forward pass."""
+    teacher_warm_start: WarmStartConfig = Field(default_factory=_teacher_warm_start)
+    """``teacher: embedded`` only: the supervised training of the teacher (the same builder and
+    cache as ``model.warm_start``; by default 500 steps, no early stop)."""
+
+    @property
+    def embedded_teacher(self) -> bool:
+        return self.teacher == EMBEDDED
+
+    @field_validator("teacher")
+    @classmethod
+    def _check_teacher(cls, value: str) -> str:
+        if value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"algorithm.distill.teacher={value!r}: a teacher behind an endpoint is not "
+                "supported; the teacher runs in-process with transformers: give its model "
+                "directory, Hub id or pulled name (or `embedded`)"
+            )
+        return value
+
+
 class AlgorithmConfig(Section):
     """Everything that defines the update rule."""
 
@@ -196,6 +239,9 @@ class AlgorithmConfig(Section):
     """Passes over each train batch (each pass one optimizer step per mini-batch)."""
     critic: CriticConfig | None = None
     """The value model; required by (and only used with) ``advantage.type=gae``."""
+    distill: DistillConfig | None = None
+    """On-policy distillation from a teacher (alone, or mixed with the advantage estimator's
+    objective by ``distill.reward_coef``); None: off."""
     beta: float = Field(default=0.0, ge=0)
     """KL penalty coefficient to the reference policy; 0 disables the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"

@@ -13,6 +13,7 @@ from zbrl.config.algorithm import (
     ReinforcePPAdvantage,
 )
 from zbrl.config.data import HELD_OUT, DataConfig, HfSource, ReasoningGymSource
+from zbrl.config.environments import EndpointEnvironment
 from zbrl.config.model import EMBEDDED
 from zbrl.config.rewards import LengthShapingOptions
 from zbrl.config.rollout import lora_mode
@@ -333,6 +334,74 @@ def check_correction(cfg: RunSections) -> None:
         )
 
 
+def check_distill(cfg: RunSections) -> None:
+    d = cfg.algorithm.distill
+    if d is None:
+        return
+    backend = cfg.rollout.backend
+    if not backend.capabilities.behaviour_logprobs:
+        raise ValueError(
+            "algorithm.distill compares the teacher's log-probs with the student's behaviour "
+            f"log-probs, which rollout.backend.type={backend.type!r} does not return; use a "
+            "backend that does (transformers) or remove algorithm.distill"
+        )
+    if isinstance(cfg.algorithm.advantage, GaeAdvantage):
+        raise ValueError(
+            "algorithm.distill with algorithm.advantage.type=gae: both set per-token "
+            "advantages; use algorithm.advantage=grpo (or another group estimator) with "
+            "distill.reward_coef to mix them"
+        )
+    env = cfg.environment
+    if isinstance(env, EndpointEnvironment) and env.on_history_change == "segment":
+        raise ValueError(
+            "algorithm.distill with an endpoint environment's on_history_change=segment: the "
+            "teacher scores an episode's first segment only, so a later segment would train "
+            "without it; set environment.on_history_change=refuse or remove algorithm.distill"
+        )
+    if d.teacher == EMBEDDED and cfg.model.path != EMBEDDED:
+        raise ValueError(
+            "algorithm.distill.teacher=embedded is the embedded model trained further, which "
+            "only the embedded student (model.path=embedded) shares a tokenizer with; give the "
+            "teacher's model directory or Hub id"
+        )
+
+
+def check_exact_logprobs(cfg: RunSections) -> None:
+    if not cfg.rollout.exact_logprobs:
+        return
+    backend, t = cfg.rollout.backend, cfg.training
+    fix = "or set rollout.exact_logprobs=false"
+    if not backend.capabilities.exact_logprobs:
+        raise ValueError(
+            f"rollout.exact_logprobs: rollout.backend.type={backend.type!r} samples in an engine "
+            "whose forward pass is not the trainer's; use rollout.backend.type=transformers, "
+            f"{fix} (docs/precision.md)"
+        )
+    wrong = []
+    inference = cfg.rollout.inference_dtype or cfg.model.dtype
+    if inference != "float32":
+        wrong.append(
+            "rollout.inference_dtype=float32 (the producer must hold the trainer's float32 "
+            "weights; autocast gives both the same lower-precision products)"
+        )
+    if t.engine.type == "fsdp2":
+        wrong.append("training.engine.type=single or ddp (FSDP2 computes in its own precision)")
+    if cfg.model.lora is not None:
+        wrong.append("no model.lora (the producer merges adapters into its weights)")
+    if cfg.rollout.inflight_updates.enabled:
+        wrong.append("rollout.inflight_updates.enabled=false (one version per sequence)")
+    if wrong:
+        raise ValueError(
+            "rollout.exact_logprobs scores each group as the trainer's forward then runs it "
+            f"(one group of full rows per pass, the same weights); set {', '.join(wrong)}, {fix}"
+        )
+    if t.packing:
+        raise ValueError(
+            "rollout.exact_logprobs trains one group of full rows per pass, so training.packing "
+            f"would not apply; set training.packing=false, {fix}"
+        )
+
+
 def check_inflight_updates(cfg: RunSections) -> None:
     if not cfg.rollout.inflight_updates.enabled:
         return
@@ -487,6 +556,8 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_weight_sync,
     check_correction,
     check_proximal,
+    check_distill,
+    check_exact_logprobs,
     check_inflight_updates,
     check_critic,
     check_step_start_pass,

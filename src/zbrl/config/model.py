@@ -25,9 +25,10 @@ class WarmStartConfig(Section):
 
     steps: int = Field(default=500, ge=0)
     """Most supervised steps on the synthetic train split before RL (0: RL from random weights)."""
-    stop_at_accuracy: float = Field(default=0.4, gt=0, le=1)
+    stop_at_accuracy: float | None = Field(default=0.4, gt=0, le=1)
     """Stop the warm start early once greedy accuracy on unseen training-split problems reaches
-    this value, so that RL, not the warm start, makes the improvement."""
+    this value, so that RL, not the warm start, makes the improvement (None: train all
+    ``steps``)."""
     lr: float = Field(default=2e-3, gt=0)
     """Learning rate of the warm start."""
     batch_size: int = Field(default=32, ge=1)

@@ -63,6 +63,9 @@ class BackendCapabilities:
     max_model_len: bool
     """The engine serves a bounded prompt + response length (the variant's ``max_model_len``;
     null: the model's)."""
+    exact_logprobs: bool
+    """It can re-score its sampled sequences with the trainer's own forward pass
+    (``rollout.exact_logprobs``): it holds the model as a torch module in its process."""
     needs_gpu_in_gpu_runs: bool
     """In a GPU run (``launch.producer_num_gpus > 0``) every process that runs it needs a GPU of
     its own (vLLM's GPU build cannot start without one), so the in-run evaluator, which is placed
@@ -82,6 +85,7 @@ class TransformersBackend(Section):
         max_served_lora_rank=None,
         tensor_parallel=False,
         max_model_len=False,
+        exact_logprobs=True,
         needs_gpu_in_gpu_runs=False,
     )
     """What the transformers backend can do."""
@@ -105,6 +109,7 @@ class VllmBackend(Section):
         max_served_lora_rank=512,  # vllm.config.lora.MaxLoRARanks
         tensor_parallel=True,
         max_model_len=True,
+        exact_logprobs=False,
         needs_gpu_in_gpu_runs=True,
     )
     """What the vLLM backend can do."""
@@ -168,6 +173,14 @@ class RolloutConfig(Section):
     """Sampling parameters."""
     inflight_updates: InflightUpdates = Field(default_factory=InflightUpdates)
     """New weights in the middle of a generation (single-turn tasks; both backends)."""
+    exact_logprobs: bool = False
+    """Record behaviour log-probs equal to the trainer's: after sampling, each group's
+    sequences are re-scored by the trainer's own forward and log-prob code, in its compute
+    dtype (``model.dtype``), one group of right-padded full rows per forward pass; the trainer
+    then runs the same micro-batches (one group each: ``training.train_microbatch_size``,
+    ``train_microbatch_tokens`` and ``share_prompts`` do not apply; gradient accumulation keeps
+    the step the same), so ``mismatch_abs_logp`` is 0 (docs/precision.md, "Exact behaviour
+    log-probs")."""
     inference_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Inference precision: the dtype producers and the evaluator generate with (published
     weights are cast to it, and a LoRA run's base is loaded in it there). None: ``model.dtype``,

@@ -258,6 +258,10 @@ def execute(
         resumed_from=str(resume.path) if resume is not None else None,
         checkpoint=checkpoint,
     )
+    if cfg.algorithm.distill is not None:
+        from zbrl.evaluation.teacher import teacher_summary
+
+        summary.update(teacher_summary(cfg, outcome.results, buffer_stats))
     if clock is not None:
         add_startup(summary, clock, run_dir)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")

@@ -16,6 +16,12 @@ is). With an environment (docs/environments.md) an episode's response holds the 
 messages too, with a loss mask over the model's turns. Every generation call goes through
 :meth:`Producer._generate`; in-flight updates are refused for environments by the config, so
 every turn of a batch's multi-turn episodes is generated with the same weights.
+
+Two optional passes follow generation: ``rollout.exact_logprobs`` re-scores each group by the
+trainer's own forward (the behaviour log-probs then equal the trainer's,
+:mod:`zbrl.models.forward`), and ``algorithm.distill``'s teacher scores every sampled token
+(:mod:`zbrl.rollout.teacher`; a group it could not score is marked ``teacher_failed`` and
+dropped by the buffer).
 """
 
 from __future__ import annotations
@@ -33,7 +39,16 @@ from zbrl.rng import rng_state, set_rng_state
 from zbrl.rollout.backends.base import Completion, InferenceBackend, SamplingParams
 from zbrl.rollout.episodes import EpisodeCompletion, EpisodeRunner
 from zbrl.rollout.inflight import InflightSwap, generate_inflight
-from zbrl.telemetry.spans import GENERATE, PUSH, SCORE, WAIT_FOR_WEIGHTS, SpanRecorder
+from zbrl.rollout.teacher import Teacher, TeacherCounts, TeacherSettings, load_teacher
+from zbrl.telemetry.spans import (
+    GENERATE,
+    PUSH,
+    RESCORE,
+    SCORE,
+    TEACHER,
+    WAIT_FOR_WEIGHTS,
+    SpanRecorder,
+)
 from zbrl.transport.clients import BufferClient
 from zbrl.transport.weight_sync.base import WeightReceiver
 from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
@@ -41,6 +56,17 @@ from zbrl.types import EncodedPrompt, Reservation, RolloutGroup
 POLL_TIMEOUT_S = 1.0
 """Longest single wait for admission or for weights; the producer waits again until it gets them
 (or the buffer closes)."""
+
+
+@dataclass(frozen=True)
+class ExactLogprobs:
+    """``rollout.exact_logprobs``: how the trainer computes log-probs, for the backend to
+    re-score the sampled sequences the same way (:func:`zbrl.models.forward.score_rows`)."""
+
+    dtype: str
+    """The trainer's compute dtype (``model.dtype``)."""
+    chunk_size: int
+    """The trainer's ``training.logprob_chunk_size``."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +92,11 @@ class ProducerSettings:
     inflight_keep_cache: bool
     """In-flight updates: continue from the old weights' key/value cache after a swap (False:
     recompute it under the new weights)."""
+    teacher: TeacherSettings | None
+    """On-policy distillation: the teacher that scores every sampled token (None: none)."""
+    exact_logprobs: ExactLogprobs | None
+    """Re-score every sampled sequence with the trainer's forward (None: keep the log-probs
+    the backend sampled with)."""
 
 
 @dataclass
@@ -77,6 +108,8 @@ class ProducerResult:
     samples: int
     weight_versions_loaded: int
     weight_sync_latencies_s: list[float]
+    teacher: TeacherCounts | None = None
+    """The distillation teacher's calls (None without a teacher)."""
 
 
 class Producer:
@@ -92,10 +125,16 @@ class Producer:
         receiver: WeightReceiver,
         recorder: SpanRecorder,
         episodes: EpisodeRunner,
+        teacher: Teacher | None = None,
     ) -> None:
         """``episodes``: runs and scores the episodes (single-turn: ``single_turn_episodes``
-        of :mod:`zbrl.rollout.single_turn`); their model turns are generated on ``backend``."""
+        of :mod:`zbrl.rollout.single_turn`); their model turns are generated on ``backend``.
+        ``teacher``: the distillation teacher (None: loaded from ``settings.teacher`` when it
+        is set)."""
         self.settings = settings
+        if teacher is None and settings.teacher is not None:
+            teacher = load_teacher(settings.teacher)
+        self.teacher = teacher
         self.episodes = episodes
         self.prompts = prompts
         self.backend = backend
@@ -130,6 +169,7 @@ class Producer:
             samples=self.samples_pushed,
             weight_versions_loaded=self.versions_loaded,
             weight_sync_latencies_s=list(self.receiver.latencies_s),
+            teacher=None if self.teacher is None else self.teacher.counts,
         )
 
     def step(self) -> bool:
@@ -249,14 +289,67 @@ class Producer:
         prompts = [p for p, _, _ in chunk]
         with self.recorder.span(GENERATE, prompts=len(chunk), version=version):
             episodes = self.episodes.run(self._generate, prompts, params, version)
+        if self.settings.exact_logprobs is not None:
+            self._rescore(prompts, episodes, temperature)
         with self.recorder.span(SCORE, responses=len(chunk) * params.n):
             scored = self.episodes.score(self.reward, [p.example for p in prompts], episodes)
+        teacher = self._teacher_logprobs(prompts, episodes)
         return [
-            self._group(prompt, epoch, ticket, group, contexts, results, version, temperature)
-            for (prompt, epoch, _), ticket, group, (contexts, results) in zip(
-                chunk, tickets, episodes, scored, strict=True
+            self._group(
+                prompt, epoch, ticket, group, contexts, results, version, temperature, scores
+            )
+            for (prompt, epoch, _), ticket, group, (contexts, results), scores in zip(
+                chunk, tickets, episodes, scored, teacher, strict=True
             )
         ]
+
+    def _rescore(
+        self,
+        prompts: list[EncodedPrompt],
+        episodes: list[list[EpisodeCompletion]],
+        temperature: float,
+    ) -> None:
+        """Replace each completion's behaviour log-probs on the model's tokens by the trainer's
+        numbers for the same weights (``rollout.exact_logprobs``): one group per forward pass,
+        the micro-batch the trainer runs it in."""
+        exact = self.settings.exact_logprobs
+        with self.recorder.span(RESCORE, sequences=sum(len(g) for g in episodes)):
+            for p, group in zip(prompts, episodes, strict=True):
+                scored = self.backend.score_exact(
+                    [
+                        (list(p.prompt_ids if c.prompt_ids is None else c.prompt_ids), c.token_ids)
+                        for c in group
+                    ],
+                    temperature=temperature,
+                    dtype=getattr(torch, exact.dtype),
+                    chunk_size=exact.chunk_size,
+                )
+                for c, logp in zip(group, scored, strict=True):
+                    c.logprobs = (
+                        torch.where(c.loss_mask, logp, 0.0) if c.loss_mask.numel() else logp
+                    )
+
+    def _teacher_logprobs(
+        self, prompts: list[EncodedPrompt], episodes: list[list[EpisodeCompletion]]
+    ) -> list[list[torch.Tensor | None] | None]:
+        """Per group: the teacher's log-probs of each completion's tokens (None where its call
+        failed), in batched calls over the whole chunk; None per group without a teacher."""
+        if self.teacher is None:
+            return [None] * len(episodes)
+        sequences = [
+            (list(p.prompt_ids if c.prompt_ids is None else c.prompt_ids), c.token_ids)
+            for p, group in zip(prompts, episodes, strict=True)
+            for c in group
+        ]
+        with self.recorder.span(TEACHER, sequences=len(sequences)) as attrs:
+            calls = self.teacher.counts.calls
+            flat = self.teacher.score(sequences)
+            attrs["calls"] = self.teacher.counts.calls - calls
+        out, start = [], 0
+        for group in episodes:
+            out.append(flat[start : start + len(group)])
+            start += len(group)
+        return out
 
     def _group(
         self,
@@ -268,8 +361,10 @@ class Producer:
         results: list[RewardResult],
         version: int,
         temperature: float,
+        teacher: list[torch.Tensor | None] | None = None,
     ) -> RolloutGroup:
         record = self.episodes.group_record(completions)
+        teacher_failed = 0 if teacher is None else sum(t is None for t in teacher)
         token_versions = _token_versions(completions, version)
         segments = (
             [c.segments for c in completions] if any(c.segments for c in completions) else None
@@ -307,7 +402,22 @@ class Producer:
             env_counts=record.env_counts,
             token_versions=token_versions,
             segments=segments,
+            teacher_logprobs=_teacher_tensors(teacher, completions),
+            teacher_failed=teacher_failed,
         )
+
+
+def _teacher_tensors(
+    teacher: list[torch.Tensor | None] | None, completions: list[EpisodeCompletion]
+) -> list[torch.Tensor] | None:
+    """The teacher's log-probs per completion; a failed one is NaN (its group is dropped by
+    the buffer, so it is never trained)."""
+    if teacher is None:
+        return None
+    return [
+        t if t is not None else torch.full((int(c.token_ids.numel()),), float("nan"))
+        for t, c in zip(teacher, completions, strict=True)
+    ]
 
 
 def _token_versions(

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from zbrl.models.cpu_attention import SDPA_FLOAT32
+from zbrl.models.forward import full_row_logits
 from zbrl.models.kv_cache import (
     cache_argument,
     left_padded_positions,
@@ -147,12 +148,7 @@ class ModelInputs:
         if self.packed is not None:
             return _packed_logits(model, self.packed)
         if self.prompts is None:
-            out = model(
-                input_ids=self.input_ids_BT,
-                attention_mask=self.attention_BT,
-                **forward_kwargs(model),
-            )
-            return out.logits[:, :-1]
+            return full_row_logits(model, self.input_ids_BT, self.attention_BT)
         return _shared_prompt_logits(model, self.prompts, self.input_ids_BT, self.attention_BT)
 
     def token_masks(self) -> list[torch.Tensor]:

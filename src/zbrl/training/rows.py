@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.models.forward import right_padded
 from zbrl.models.kv_cache import left_pad
 from zbrl.training.model_inputs import ModelInputs, PackedRows, SharedPrompts
 from zbrl.types import RolloutGroup, Segment
@@ -31,7 +32,8 @@ class Row:
     ref_logprobs: torch.Tensor | None = None  # reference policy (KL folded into the reward)
     old_values: torch.Tensor | None = None  # step-start critic values (PPO with GAE)
     returns: torch.Tensor | None = None  # value targets (GAE)
-    token_advantages: torch.Tensor | None = None  # per-token advantages (GAE)
+    token_advantages: torch.Tensor | None = None  # per-token advantages (GAE, distillation)
+    teacher_logprobs: torch.Tensor | None = None  # the distillation teacher's, float32 [L]
     # Multi-turn episodes: bool [L], True on the model's tokens (environment tokens are part of
     # the sequence but outside the loss); None: every response token is the model's.
     loss_mask: torch.Tensor | None = None
@@ -106,6 +108,9 @@ def build_rows(
                 reward=float(group.rewards[g]),
                 behind=behind,
                 loss_mask=None if group.loss_masks is None else group.loss_masks[g],
+                teacher_logprobs=None
+                if group.teacher_logprobs is None
+                else group.teacher_logprobs[g],
                 token_behind=None
                 if trained_version is None
                 else (trained_version - group.versions(g)).clamp_min(0),
@@ -126,6 +131,7 @@ def _segment_row(episode: Row, seg: Segment, trained_version: int | None) -> Row
         response_ids=seg.response_ids,
         old_logprobs=seg.behaviour_logprobs,
         loss_mask=seg.loss_mask,
+        teacher_logprobs=None,  # the teacher scores an episode's first segment only
         token_behind=None
         if trained_version is None
         else (trained_version - seg.token_versions).clamp_min(0),
@@ -180,13 +186,8 @@ def collate(
 
 
 def _full_layout(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = [row_length(r) for r in rows]
-    input_ids = torch.full((len(rows), max(lengths)), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        p, resp = len(r.prompt_ids), r.response_ids
-        input_ids[i, :p] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        input_ids[i, p : p + resp.numel()] = resp
-    return input_ids, _right_mask(lengths, input_ids.shape[1])
+    full = [torch.cat([torch.tensor(r.prompt_ids, dtype=torch.long), r.response_ids]) for r in rows]
+    return right_padded(full, pad_id)  # as the producer's exact log-probs lay them out
 
 
 def _response_layout(

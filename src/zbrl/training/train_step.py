@@ -15,6 +15,7 @@ import torch
 from zbrl.algorithms.advantages import compute_advantages
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.algorithms.correction import loglinear_alpha, loglinear_proximal
+from zbrl.algorithms.distill import DistillWeights, distill_advantages, reverse_kl_per_token
 from zbrl.algorithms.gae import value_loss
 from zbrl.algorithms.logprobs import logprobs_and_entropy
 from zbrl.algorithms.mismatch import split_mismatch_metrics
@@ -64,6 +65,8 @@ class StepSettings:
     """How ``decoupled`` gets the proximal log-probs: ``recompute`` or ``loglinear``."""
     critic: CriticSettings | None
     """PPO's critic side (GAE and value loss); None without a critic."""
+    distill: DistillWeights | None
+    """On-policy distillation: per-token advantages from the teacher's log-probs (None: off)."""
 
 
 class Trainer:
@@ -83,6 +86,8 @@ class Trainer:
             raise ValueError("the critic's value model takes full rows: packing must be off")
         if (settings.advantage == GAE) != (settings.critic is not None):
             raise ValueError("advantage 'gae' needs the critic settings, and only it uses them")
+        if settings.distill is not None and settings.critic is not None:
+            raise ValueError("distillation and GAE both set per-token advantages: use one")
         self.engine = engine
         self.settings = settings
         self._updates_in_batch = 0
@@ -138,7 +143,10 @@ class Trainer:
             count = micro_batch_count(chunk, engine.data_parallel_size, s.micro)
             minibatches.append((rows, count))
         self._check_versions(policy_version)
-        metrics = self._step_start([row for rows, _ in minibatches for row in rows])
+        all_rows = [row for rows, _ in minibatches for row in rows]
+        distill_metrics = {} if s.distill is None else self._distill(all_rows, s.distill)
+        metrics = self._step_start(all_rows)
+        metrics.update(distill_metrics)
         totals = _Totals()
         self._updates_in_batch = 0
         steps_per_batch = self._steps_per_batch(len(minibatches))
@@ -150,6 +158,12 @@ class Trainer:
         metrics["advantage_mean"] = float(advantages_BG.mean())
         metrics["advantage_abs_mean"] = float(advantages_BG.abs().mean())
         return metrics
+
+    def _distill(self, rows: list[Row], weights: DistillWeights) -> dict[str, float]:
+        """Per-token distillation advantages on this rank's rows; the step's mean reverse KL
+        over every rank's trained tokens."""
+        total, count = self.engine.all_reduce(list(distill_rows(rows, weights)), "sum")
+        return {"distill/reverse_kl": total / count if count else 0.0}
 
     def _steps_per_batch(self, minibatches: int) -> int:
         return minibatches * self.settings.ppo_epochs
@@ -344,6 +358,31 @@ class Trainer:
             chunk_size=self.settings.logprob_chunk_size,
             with_entropy=True,
         )
+
+
+def distill_rows(rows: list[Row], weights: DistillWeights) -> tuple[float, float]:
+    """Set every row's per-token advantages from its teacher log-probs (see
+    :mod:`zbrl.algorithms.distill`); the sampled-token reverse KL summed over the model's tokens
+    of the trained rows, and their count."""
+    total, count = 0.0, 0
+    for row in rows:
+        if row.teacher_logprobs is None:
+            raise ValueError(
+                "algorithm.distill: a rollout group came without teacher log-probs; the "
+                "producers must run with the same algorithm.distill"
+            )
+        row.token_advantages = distill_advantages(
+            row.advantage,
+            row.old_logprobs,
+            row.teacher_logprobs,
+            row.loss_mask,
+            coef=weights.coef,
+            reward_coef=weights.reward_coef,
+        )
+        if row.trained:
+            kl, n = reverse_kl_per_token(row.old_logprobs, row.teacher_logprobs, row.loss_mask)
+            total, count = total + kl, count + n
+    return total, float(count)
 
 
 SUMMED = ("num_tokens", "trained_tokens")

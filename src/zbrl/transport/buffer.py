@@ -33,6 +33,11 @@ the trained groups' ``env/agent_failures`` can never show a failed episode, sinc
 never trained. A failed episode's placeholder reward (0) is not a score: the pre-filter
 ``reward`` mean leaves its group out, as it leaves out the responses whose reward failed.
 
+Teacher failures. A group the distillation teacher could not score
+(``RolloutGroup.teacher_failed``: a teacher call raised) is dropped on arrival the same way, with
+its own counters (``groups_dropped_teacher_failed``, ``responses_teacher_failed``): its teacher
+log-probs are NaN, never trained.
+
 Per-token versions (in-flight updates, ``RolloutGroup.token_versions``) leave this rule as it is:
 a group's ``policy_version`` is the version of its *oldest* token. A producer loads at least the
 reservation's version before it starts and versions only go up while it generates, so every
@@ -126,6 +131,11 @@ class BufferStats:
     (the admission rule counts the drop, so a producer makes a replacement group)."""
     responses_reward_failed: int = 0
     """Responses whose reward failed, over every group received."""
+    groups_dropped_teacher_failed: int = 0
+    """Groups with a response the distillation teacher could not score, dropped on arrival the
+    same way: never trained with a made-up teacher log-prob."""
+    responses_teacher_failed: int = 0
+    """Responses the teacher could not score, over every group received."""
     responses_reward_failed_trained: int = 0
     """Responses whose reward failed in the groups handed to a consumer (0 unless the rule
     above were broken; measured, for the run summary)."""
@@ -467,6 +477,9 @@ class RolloutBuffer:
         if group.episode_failures:
             self.stats.groups_failed_episodes += 1
             return "failed_episodes"
+        if group.teacher_failed:
+            self.stats.groups_dropped_teacher_failed += 1
+            return "teacher_failed"
         if st.dynamic_batching and not group_in_accuracy_range(group.ans_acc, st.filter_range):
             self.stats.groups_filtered_accuracy += 1
             return "accuracy_out_of_range"
@@ -481,6 +494,7 @@ class RolloutBuffer:
         self.stats.samples_generated += g
         self.stats.responses_reward_failed += group.reward_failed
         self.stats.episodes_failed += group.episode_failures
+        self.stats.responses_teacher_failed += group.teacher_failed
         lengths = group.response_lengths
         # a failed episode's reward is a placeholder: its group has no score to average
         scores = [] if group.episode_failures else [r for r in group.rewards if not math.isnan(r)]

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from zbrl.models.cpu_attention import attention_in_float32
-from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
+from zbrl.models.forward import autocast
+from zbrl.training.engine.precision import check_compute_dtype, check_master
 from zbrl.training.engine.ranked import RankedEngine
 from zbrl.training.engine.single import (
     clipped_step,

@@ -15,9 +15,6 @@ flushing to zero, which zbrl does not do; bfloat16 has float32's range and needs
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
-
 import torch
 
 from zbrl.config.model import FLOAT16_REFUSED
@@ -48,11 +45,3 @@ def check_master(model: torch.nn.Module, what: str) -> None:
             "copy the optimizer updates): load the model in float32 and pass the lower dtype as "
             "the engine's compute_dtype"
         )
-
-
-def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[Any]:
-    """The forward pass's context: ``torch.autocast`` to ``dtype`` on ``device``'s type, or
-    nothing for float32."""
-    if dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)

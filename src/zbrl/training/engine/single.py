@@ -11,7 +11,8 @@ import torch
 
 from zbrl.algorithms.aggregation import Normalisers
 from zbrl.models.cpu_attention import attention_in_float32
-from zbrl.training.engine.precision import autocast, check_compute_dtype, check_master
+from zbrl.models.forward import autocast
+from zbrl.training.engine.precision import check_compute_dtype, check_master
 from zbrl.training.engine.ranked import reference_logits
 from zbrl.training.model_inputs import ModelInputs
 

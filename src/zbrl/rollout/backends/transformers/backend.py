@@ -10,6 +10,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from zbrl.config.rollout import BackendCapabilities
 from zbrl.config.rollout import TransformersBackend as TransformersOptions
+from zbrl.models.forward import score_rows
 from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache, repeat_cache_rows
 from zbrl.models.moe import forward_kwargs
 from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
@@ -170,6 +171,27 @@ class TransformersBackend:
         repeat_cache_rows(cache, n)
         kwargs.update(num_return_sequences=1, **{cache_argument(self.model): cache})
         return input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
+
+    def score_exact(
+        self,
+        rows: list[tuple[list[int], torch.Tensor]],
+        *,
+        temperature: float,
+        dtype: torch.dtype,
+        chunk_size: int,
+    ) -> list[torch.Tensor]:
+        """The response tokens' log-probs of each (prompt ids, response ids) row as the trainer
+        computes them for a micro-batch of these rows, padded with this backend's pad id
+        (capability ``exact_logprobs``: :func:`zbrl.models.forward.score_rows` on its model)."""
+        return score_rows(
+            self.model,
+            rows,
+            pad_id=self.pad_id,
+            temperature=temperature,
+            device=self.device,
+            dtype=dtype,
+            chunk_size=chunk_size,
+        )
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         if self.merger is not None:
