@@ -177,7 +177,7 @@ RAY_SCRIPTS = (
     ("runtime_env/agent", "ray runtime-env agent"),
     ("log_monitor.py", "ray log monitor"),
     ("default_worker.py", "ray worker"),
-    ("ray_agent_standin.py", "zbrl agent stand-in"),
+    ("agent_standin.py", "zbrl agent stand-in"),
 )
 """Markers in the command lines of Ray's Python processes."""
 

@@ -13,7 +13,7 @@ _MODULE_STARTED = time.time()
 _MODULE_CPU = time.process_time()
 _MODULE_PID = __import__("os").getpid()
 """The process that imported this module: another one when a worker was forked with it
-imported (:mod:`zbrl.launch.worker_forkserver`)."""
+imported (:mod:`zbrl.launch.local_ray.forkserver`)."""
 
 import contextlib
 import os
