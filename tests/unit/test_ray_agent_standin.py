@@ -1,6 +1,7 @@
 """zbrl's stand-in for Ray's idle dashboard agent (``zbrl.launch.local_ray.agent_standin``), the
-raylet command that starts it (``local_ray.replacements.idle_agent_replaced``) and Ray's dashboard test
-that looks for packages before importing them (``local_ray.replacements.quick_dashboard_check``)."""
+raylet command that starts it (``local_ray.replacements.idle_agent_replaced``) and Ray's
+dashboard test that looks for packages before importing them
+(``local_ray.replacements.quick_dashboard_check``)."""
 
 from __future__ import annotations
 

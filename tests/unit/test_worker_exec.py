@@ -1,4 +1,5 @@
-"""``zbrl.launch.local_ray.worker_exec``, the stdlib-only stand-in for Ray's ``setup_worker.py``: the
+"""``zbrl.launch.local_ray.worker_exec``, the stdlib-only stand-in for Ray's
+``setup_worker.py``: the
 arguments it takes from the raylet's command, and the command it runs for each runtime context
 (the one Ray's ``RuntimeEnvContext.exec_worker`` runs, or none where it does not know it)."""
 

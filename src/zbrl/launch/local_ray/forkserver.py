@@ -420,7 +420,8 @@ def serve(socket_path: str) -> None:
     stand-in has sent its request and waits for the answer (up to 120 s). Forked before, a
     producer or consumer imported the rest itself, beside the server still importing it, on the
     same two cores: with Ray's start shortened by the agent's stand-in
-    (:func:`zbrl.launch.local_ray.replacements.idle_agent_replaced`) the run's workers ask 1 s before the
+    (:func:`zbrl.launch.local_ray.replacements.idle_agent_replaced`) the run's workers ask 1 s
+    before the
     imports end, and forking them only afterwards started the demo 0.2 s sooner (5.07 s
     against 5.31 s to the first metrics line) on 1.4 CPU-s less (docs/performance.md,
     Start-up). The hub, buffer and store, which need none of it, wait too; they are not what

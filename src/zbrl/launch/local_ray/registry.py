@@ -49,7 +49,8 @@ class Replacement:
     saves: str
     """What a run gains, as measured (docs/local-ray.md)."""
     checked_on: tuple[str, ...]
-    """Ray versions (major.minor) on which its canary passed and a run used it."""
+    """Ray versions (major.minor) of :data:`ALL_CHECKED` on which its canary passed; on the
+    others it is left out (Ray runs as it ships there)."""
     remove_when: str
     canary: Callable[[], str | None]
     apply: Callable[[], contextlib.AbstractContextManager[bool]] | None
@@ -91,7 +92,9 @@ def _canary_console_popen() -> str | None:
 def _canary_lean_head() -> str | None:
     from ray._private.node import Node
 
-    missing = [n for n in ("start_api_server", "start_monitor") if not callable(getattr(Node, n, None))]
+    missing = [
+        n for n in ("start_api_server", "start_monitor") if not callable(getattr(Node, n, None))
+    ]
     return f"ray._private.node.Node has no {', '.join(missing)}" if missing else None
 
 
@@ -119,7 +122,8 @@ def _canary_worker_setup() -> str | None:
 
     fields = set(_parameters(RuntimeEnvContext.__init__)) - {"self"}
     if fields - KNOWN_CONTEXT:
-        return f"RuntimeEnvContext has fields worker_exec does not know: {sorted(fields - KNOWN_CONTEXT)}"
+        unknown = sorted(fields - KNOWN_CONTEXT)
+        return f"RuntimeEnvContext has fields worker_exec does not know: {unknown}"
     return None
 
 
@@ -162,7 +166,8 @@ def _canary_fork_server() -> str | None:
     return _canary_worker_setup()  # the server is reached through worker_exec
 
 
-CHECKED = ("2.10", "2.50", "2.60")
+ALL_CHECKED = ("2.10", "2.50", "2.60")
+"""The Ray versions the canaries were run on (each entry: those it passed on)."""
 
 REPLACEMENTS: tuple[Replacement, ...] = (
     Replacement(
@@ -173,7 +178,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "which stops the run cleanly with a checkpoint",
         saves="a run stopped by a group signal: without it, the GCS and workers die first and "
         "the driver exits 1 with no checkpoint",
-        checked_on=CHECKED,
+        checked_on=ALL_CHECKED,
         remove_when="Ray's ray.init starts its processes with start_new_session (or an option "
         "for it)",
         canary=_canary_console_popen,
@@ -185,7 +190,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         why="a local run of fixed size needs neither the API server (no job submission, no "
         "state API) nor the autoscaler's monitor; ray.init waits for the API server to start",
         saves="two Python processes at the start; about 1 s of ray.init on two busy cores",
-        checked_on=CHECKED,
+        checked_on=ALL_CHECKED,
         remove_when="ray.init can leave them out through a public option",
         canary=_canary_lean_head,
         apply=replacements.lean_local_head,
@@ -196,7 +201,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         why="Ray lets a raylet start min(cores, num_cpus) workers at once: on two cores the "
         "consumer, whose imports are the longest, started only after two others registered",
         saves="the run's five actors start together (the consumer no longer queues)",
-        checked_on=CHECKED,
+        checked_on=ALL_CHECKED,
         remove_when="Ray exposes the raylet's worker start-up concurrency as a setting",
         canary=_canary_startup_concurrency,
         apply=replacements.workers_start_at_once,
@@ -208,7 +213,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "exec default_worker.py, which imports Ray again; worker_exec.py does it with the "
         "standard library and is where a worker is handed to the fork server",
         saves="about 0.16 CPU-s per worker",
-        checked_on=CHECKED,
+        checked_on=("2.50", "2.60"),
         remove_when="Ray's setup_worker.py stops importing Ray, and the fork server is gone",
         canary=_canary_worker_setup,
         apply=replacements.light_worker_setup,
@@ -219,7 +224,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         why="Ray imports every dashboard package to see which is missing (aiohttp first, "
         "0.3 s) just before the raylet starts; zbrl looks for each first without importing",
         saves="about 0.3 s of the driver's ray.init on the minimal install",
-        checked_on=CHECKED,
+        checked_on=("2.50", "2.60"),
         remove_when="Ray's check uses importlib.util.find_spec",
         canary=_canary_dashboard_check,
         apply=replacements.quick_dashboard_check,
@@ -232,7 +237,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "three port files the raylet waits for; agent_standin.py writes them with the "
         "standard library",
         saves="about 0.5 CPU-s on the path of every start",
-        checked_on=CHECKED,
+        checked_on=("2.60",),
         remove_when="the raylet stops waiting for an agent that has nothing to run",
         canary=_canary_agent_standin,
         apply=replacements.idle_agent_replaced,
@@ -243,7 +248,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         why="every producer and consumer imports torch, transformers and zbrl (3.4 CPU-s each); "
         "forkserver.py imports them once while Ray starts, and forks each worker from it",
         saves="the largest part of the start on two cores (docs/local-ray.md)",
-        checked_on=CHECKED,
+        checked_on=("2.50", "2.60"),
         remove_when="Ray offers forked or pre-imported workers (or zbrl's workers import little)",
         canary=_canary_fork_server,
         apply=None,
@@ -268,7 +273,7 @@ def installed_ray_version() -> str | None:
 
 
 def _minor(version: str) -> tuple[int, int]:
-    parts = (version.split(".") + ["0"])[:2]
+    parts = [*version.split("."), "0"][:2]
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
 
 
@@ -315,9 +320,11 @@ def applied(mode: LocalRayMode) -> Iterator[dict[str, bool]]:
     active: dict[str, bool] = {}
     with contextlib.ExitStack() as stack:
         if mode == FAST:
+            # every canary first, on Ray as it ships (two replacements wrap the same function)
+            fitting = {e.name: applies(e.name) for e in REPLACEMENTS if e.apply is not None}
             for entry in REPLACEMENTS:
                 if entry.apply is not None:
-                    fits = applies(entry.name)
+                    fits = fitting[entry.name]
                     active[entry.name] = fits and stack.enter_context(entry.apply())
         yield active
 

@@ -13,10 +13,10 @@ This program does the same with ``json`` and ``os``. It hands over to Ray's own
 ``setup_worker.py`` (found beside the installed ``ray`` package, which is located, not imported)
 for anything it does not know: a language other than Python, a context it cannot read, or one
 with fields other than the five Ray's ``RuntimeEnvContext`` had when this was written.
-:func:`zbrl.launch.local_ray.replacements.light_worker_setup` puts it in the raylet's command; a raylet
-started elsewhere (``ray start`` on a cluster's node) keeps Ray's. When the run's fork server is
-up (:mod:`zbrl.launch.local_ray.forkserver`), the worker is forked from it instead of started
-afresh, and this process stays as its stand-in.
+:func:`zbrl.launch.local_ray.replacements.light_worker_setup` puts it in the raylet's command;
+a raylet started elsewhere (``ray start`` on a cluster's node) keeps Ray's. When the run's fork
+server is up (:mod:`zbrl.launch.local_ray.forkserver`), the worker is forked from it instead of
+started afresh, and this process stays as its stand-in.
 
 Run as a script, its folder would come first on ``sys.path`` (this package's modules shadowing
 the standard library's), so the folder is dropped before anything is imported.
