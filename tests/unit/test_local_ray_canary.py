@@ -126,3 +126,13 @@ def test_rays_token_auth_notice_is_dropped_and_its_other_warnings_kept(caplog) -
     outside = [r.getMessage() for r in caplog.records]
     assert len(inside) == 1 and inside[0].startswith("Token authentication is disabled")
     assert len(outside) == 1 and "RAY_AUTH_MODE=disabled to opt out" in outside[0]
+
+
+def test_the_docs_table_lists_every_entry_with_its_checked_versions() -> None:
+    text = (ROOT / "docs" / "local-ray.md").read_text()
+    rows = {
+        line.split("|")[1].strip(" `"): line for line in text.splitlines() if line.startswith("| `")
+    }
+    for entry in registry.REPLACEMENTS:
+        assert entry.name in rows, f"docs/local-ray.md has no row for {entry.name}"
+        assert f"| {', '.join(entry.checked_on)} |" in rows[entry.name], entry.name
