@@ -152,17 +152,13 @@ def start_local_ray(
             ):
                 import ray
 
+                # address "local": a new local instance, never a `ray start` cluster on disk
                 ray.init(
-                    address="local",  # a new local instance, never a `ray start` cluster on disk
-                    num_cpus=num_cpus,
-                    num_gpus=num_gpus,
-                    _node_ip_address=LOOPBACK,
-                    include_dashboard=False,
-                    dashboard_host=LOOPBACK,
-                    log_to_driver=True,
-                    logging_level="WARNING",
+                    address="local", num_cpus=num_cpus, num_gpus=num_gpus,
+                    _node_ip_address=LOOPBACK, include_dashboard=False, dashboard_host=LOOPBACK,
+                    log_to_driver=True, logging_level="WARNING",
                     _system_config=NO_PRESTART if server is not None else None,
-                )
+                )  # fmt: skip
         except BaseException:
             if server is not None:
                 server.stop()

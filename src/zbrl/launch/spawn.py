@@ -155,23 +155,21 @@ class Spawner:
     def _data(self) -> dict[str, Any]:
         return self.cfg.model_dump(mode="json")
 
+    @property
+    def _tokenizer(self) -> Any:
+        return self._ship(self.artifacts.tokenizer_dir)
+
     def producer(self, index: int, resume_state: dict[str, Any] | None) -> Any:
         import ray
 
         from zbrl.launch.workers import ProducerWorker
 
         spec = ProducerSpec(
-            cfg_data=self._data,
-            index=index,
-            model=self._ship(self.start.model_dir),
-            tokenizer=self._ship(self.artifacts.tokenizer_dir),
-            buffer=self.buffer,
-            store=self.store,
-            hub=self.hub,
-            initial_version=self.start.version,
-            resume_state=resume_state,
+            cfg_data=self._data, index=index, model=self._ship(self.start.model_dir),
+            tokenizer=self._tokenizer, buffer=self.buffer, store=self.store, hub=self.hub,
+            initial_version=self.start.version, resume_state=resume_state,
             reward_workers=self.reward_workers,
-        )
+        )  # fmt: skip
         return (  # a restarted producer takes its predecessor's bundle
             ray.remote(ProducerWorker)
             .options(**self.placement.producer_options(index))
@@ -184,20 +182,12 @@ class Spawner:
         from zbrl.launch.workers import ConsumerWorker
 
         spec = ConsumerSpec(
-            cfg_data=self._data,
-            index=index,
-            model=self._ship(self.start.model_dir),
-            reference=self._ship(self.artifacts.model_dir),
-            tokenizer=self._ship(self.artifacts.tokenizer_dir),
-            run_dir=self._run_dir,
-            total_steps=self.total_steps,
-            buffer=self.buffer,
-            store=self.store,
-            hub=self.hub,
-            trainer_state=self._trainer_state,
-            group=self.group,
+            cfg_data=self._data, index=index, model=self._ship(self.start.model_dir),
+            reference=self._ship(self.artifacts.model_dir), tokenizer=self._tokenizer,
+            run_dir=self._run_dir, total_steps=self.total_steps, buffer=self.buffer,
+            store=self.store, hub=self.hub, trainer_state=self._trainer_state, group=self.group,
             head_files=self.head_files,
-        )
+        )  # fmt: skip
         return (
             ray.remote(ConsumerWorker)
             .options(**self.placement.consumer_options(index))
@@ -212,16 +202,10 @@ class Spawner:
         if not self.eval_sets:
             return None
         spec = EvaluatorSpec(
-            cfg_data=self._data,
-            model=self._ship(self.start.model_dir),
-            tokenizer=self._ship(self.artifacts.tokenizer_dir),
-            eval_sets=self.eval_sets,
-            run_dir=self._run_dir,
-            store=self.store,
-            hub=self.hub,
-            initial_version=self.start.version,
-            head_files=self.head_files,
-        )
+            cfg_data=self._data, model=self._ship(self.start.model_dir), tokenizer=self._tokenizer,
+            eval_sets=self.eval_sets, run_dir=self._run_dir, store=self.store, hub=self.hub,
+            initial_version=self.start.version, head_files=self.head_files,
+        )  # fmt: skip
         return (
             ray.remote(EvaluatorWorker).options(**self.placement.evaluator_options()).remote(spec)
         )
