@@ -135,12 +135,13 @@ def check_fork_server(s: Setup) -> dict[str, Any]:
             ray.shutdown()
     d, p = rows["default"], rows["plain"]
     ok = d["forked"] and not p["forked"] and d["cuda"] == p["cuda"] == (not s.cpu_check)
-    ok = ok and d["checksum"] == p["checksum"]
+    same = abs(d["checksum"] - p["checksum"]) <= 1e-4 * max(1.0, abs(p["checksum"]))
+    ok = ok and same  # (threads may differ between the two: the order of a CPU sum with them)
     return {
         "default": f"forked={d['forked']}, CUDA {d['cuda']}, {d['s']:.1f} s to a CUDA result",
         "plain": f"forked={p['forked']}, CUDA {p['cuda']}, {p['s']:.1f} s",
         "ok": bool(ok),
-        "note": f"same matmul checksum: {d['checksum'] == p['checksum']}",
+        "note": f"the same matmul result (to 1e-4): {same}",
         "record": rows,
     }
 
