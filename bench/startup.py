@@ -21,7 +21,12 @@ Variants (``--variant NAME=CHECKOUT``, e.g. an older commit unpacked with
 ``git archive <commit> | tar -x -C /tmp/old``) run interleaved, round by round, so that they share
 the machine's load; each runs its own code (``PYTHONPATH=CHECKOUT/src``) and recipe.
 
+``--local-ray fast plain`` measures each checkout with each ``launch.local_ray`` mode, side by
+side in the same rounds (``fast``: zbrl's replacements of Ray internals and its fork server;
+``plain``: Ray as it ships; docs/local-ray.md).
+
     python bench/startup.py --runs 5
+    python bench/startup.py --runs 5 --local-ray fast plain
     python bench/startup.py --runs 5 --variant before=/tmp/old --variant after=.
 """
 
@@ -177,7 +182,9 @@ RAY_SCRIPTS = (
     ("runtime_env/agent", "ray runtime-env agent"),
     ("log_monitor.py", "ray log monitor"),
     ("default_worker.py", "ray worker"),
-    ("ray_agent_standin.py", "zbrl agent stand-in"),
+    ("agent_standin.py", "zbrl agent stand-in"),
+    ("local_ray.forkserver", "zbrl fork server"),
+    ("worker_exec.py", "zbrl worker stand-in"),
 )
 """Markers in the command lines of Ray's Python processes."""
 
@@ -233,27 +240,38 @@ def main() -> None:
         default=0.2,
         help="seconds between reads of the processes' CPU times (0: none)",
     )
+    parser.add_argument(
+        "--local-ray",
+        nargs="+",
+        choices=["fast", "plain"],
+        default=[],
+        help="measure each checkout with each launch.local_ray mode, interleaved",
+    )
     parser.add_argument("overrides", nargs="*", help="more dotted overrides for every run")
     args = parser.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant) or {"this": str(REPO)}
-    checkouts = {name: Path(path).resolve() for name, path in variants.items()}
+    checkouts: dict[str, tuple[Path, list[str]]] = {}
+    for name, path in variants.items():
+        for mode in args.local_ray or [None]:
+            label = name if mode is None else (mode if not args.variant else f"{name}/{mode}")
+            extra = [*args.overrides, *([f"launch.local_ray={mode}"] if mode else [])]
+            checkouts[label] = (Path(path).resolve(), extra)
     print(f"load average before: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="zbrl-startup-") as tmp:
         cache = bench_cache(Path(tmp))
-        for name, checkout in checkouts.items():  # fills the caches: not measured
-            run_once(checkout, Path(tmp) / f"warm-{name}", 1, args.overrides, cache, 0.0)
+        for name, (checkout, extra) in checkouts.items():  # fills the caches: not measured
+            run_once(checkout, Path(tmp) / f"warm-{name.replace('/', '-')}", 1, extra, cache, 0.0)
         results: dict[str, list[dict]] = {name: [] for name in checkouts}
         for i in range(args.runs):
             order = list(checkouts)
             order = order[i % len(order) :] + order[: i % len(order)]  # rotate who goes first
             for name in order:
-                out = Path(tmp) / f"{name}-{i}"
+                out = Path(tmp) / f"{name.replace('/', '-')}-{i}"
                 if args.cold_prompts:
                     shutil.rmtree(cache / "prompts", ignore_errors=True)
                 load = os.getloadavg()[0]
-                fig = run_once(
-                    checkouts[name], out, args.steps, args.overrides, cache, args.sample_s
-                )
+                checkout, extra = checkouts[name]
+                fig = run_once(checkout, out, args.steps, extra, cache, args.sample_s)
                 fig["load average"] = load
                 results[name].append(fig)
                 print(

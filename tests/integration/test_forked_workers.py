@@ -1,5 +1,5 @@
 """A local Ray started by zbrl (``start_local_ray``) forks its workers from the fork server
-(``zbrl.launch.worker_forkserver``): each worker is a child of the server with torch already
+(``zbrl.launch.local_ray.forkserver``): each worker is a child of the server with torch already
 imported, in a process group of its own, behind a ``worker_exec`` stand-in that the raylet
 started; killing one worker (by ``ray.kill``, or by its pid) leaves the others running, and the
 server ends with the raylet."""
@@ -40,7 +40,7 @@ def test_workers_are_forked_from_the_server_each_in_a_group_of_its_own():
     first, second = Probe.remote(), Probe.remote()
     a, b = ray.get([first.where.remote(), second.where.remote()], timeout=120)
     for seen in (a, b):
-        assert "zbrl.launch.worker_forkserver" in seen["parent"]
+        assert "zbrl.launch.local_ray.forkserver" in seen["parent"]
         assert seen["pgid"] == seen["pid"]
     assert a["pid"] != b["pid"]
     # ray.kill ends a worker by signalling its process group: the other worker stays
@@ -68,11 +68,11 @@ def test_a_task_with_its_own_variables_runs_in_a_fresh_worker():
 
     seen, value = ray.get(own.remote(), timeout=120)
     assert value == "1"
-    assert "zbrl.launch.worker_forkserver" not in seen["parent"]  # the raylet's own child
+    assert "zbrl.launch.local_ray.forkserver" not in seen["parent"]  # the raylet's own child
 
 
 def test_the_raylets_dashboard_agent_is_zbrls_stand_in_with_its_ports_not_in_use():
-    """With Ray's minimal install the raylet runs ``ray_agent_standin`` as its dashboard agent
+    """With Ray's minimal install the raylet runs ``local_ray.agent_standin`` as its dashboard agent
     (``idle_agent_replaced``): a child of the raylet that has written -1 to the three port
     files Ray's agent writes, and Ray came up with it (this module's other tests ran on it)."""
     import ray
@@ -94,7 +94,7 @@ def test_the_raylets_dashboard_agent_is_zbrls_stand_in_with_its_ports_not_in_use
                 commands.append((stat.parent / "cmdline").read_text().split("\0"))
         except (OSError, ValueError, IndexError):
             continue  # ended meanwhile
-    stand_ins = [c for c in commands if any(a.endswith("ray_agent_standin.py") for a in c)]
+    stand_ins = [c for c in commands if any(a.endswith("agent_standin.py") for a in c)]
     assert len(stand_ins) == 1, commands
     session = _global_node.get_session_dir_path()
     node = ray.get_runtime_context().get_node_id()

@@ -179,3 +179,13 @@ def test_other_model_types_are_left_to_generate(tokenizer):
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
     )  # fmt: skip
     assert "model_type 'qwen2'" in unsupported(Qwen2ForCausalLM(config))
+
+
+def test_the_own_loop_is_off_on_a_gpu_until_checked_there():
+    """Until bench/gpu_check.py has passed on a GPU, a backend on one uses ``generate`` and says
+    why; the CPU keeps the loop."""
+    from zbrl.rollout.backends.transformers.backend import fast_decode_device_off
+
+    assert fast_decode_device_off(torch.device("cpu")) is None
+    reason = fast_decode_device_off(torch.device("cuda", 0))
+    assert reason == "device cuda (zbrl's loop is checked on the CPU only: bench/gpu_check.py)"

@@ -1,6 +1,7 @@
-"""zbrl's stand-in for Ray's idle dashboard agent (``zbrl.launch.ray_agent_standin``), the
-raylet command that starts it (``ray_session.idle_agent_replaced``) and Ray's dashboard test
-that looks for packages before importing them (``ray_session.quick_dashboard_check``)."""
+"""zbrl's stand-in for Ray's idle dashboard agent (``zbrl.launch.local_ray.agent_standin``), the
+raylet command that starts it (``local_ray.replacements.idle_agent_replaced``) and Ray's
+dashboard test that looks for packages before importing them
+(``local_ray.replacements.quick_dashboard_check``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from zbrl.launch import ray_agent_standin, ray_session
+from zbrl.launch.local_ray import agent_standin as ray_agent_standin
+from zbrl.launch.local_ray import replacements as ray_session
 
 STAND_IN = ray_agent_standin.__file__
 

@@ -278,7 +278,7 @@ def test_a_local_raylet_may_start_the_runs_workers_at_once(monkeypatch):
     lines and a larger limit are left alone, and Ray's function is back afterwards."""
     from ray._private import services
 
-    from zbrl.launch.ray_session import workers_start_at_once
+    from zbrl.launch.local_ray.replacements import workers_start_at_once
 
     started = []
 
@@ -306,8 +306,8 @@ def test_a_local_raylet_gets_zbrls_worker_program_where_ray_takes_one(monkeypatc
     program; a ``start_raylet`` that takes no ``setup_worker_path`` is left alone (False)."""
     from ray._private import services
 
-    from zbrl.launch import worker_exec
-    from zbrl.launch.ray_session import light_worker_setup
+    from zbrl.launch.local_ray import worker_exec
+    from zbrl.launch.local_ray.replacements import light_worker_setup
 
     seen = []
 

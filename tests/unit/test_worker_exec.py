@@ -1,4 +1,5 @@
-"""``zbrl.launch.worker_exec``, the stdlib-only stand-in for Ray's ``setup_worker.py``: the
+"""``zbrl.launch.local_ray.worker_exec``, the stdlib-only stand-in for Ray's
+``setup_worker.py``: the
 arguments it takes from the raylet's command, and the command it runs for each runtime context
 (the one Ray's ``RuntimeEnvContext.exec_worker`` runs, or none where it does not know it)."""
 
@@ -10,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zbrl.launch import worker_exec
+from zbrl.launch.local_ray import worker_exec
 
 WORKER = "/ray/_private/workers/default_worker.py"
 

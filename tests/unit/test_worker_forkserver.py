@@ -1,4 +1,4 @@
-"""The workers' fork server (``zbrl.launch.worker_forkserver``) without Ray: a program started
+"""The workers' fork server (``zbrl.launch.local_ray.forkserver``) without Ray: a program started
 through ``worker_exec`` is forked by the server, gets its stand-in's arguments, directory,
 environment and streams, a process group of its own, and its end comes back as the stand-in's;
 signals reach it through the stand-in; a stand-in killed takes its worker along; a worker whose
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from zbrl.launch import worker_exec, worker_forkserver
+from zbrl.launch.local_ray import forkserver as worker_forkserver
+from zbrl.launch.local_ray import worker_exec
 
 REPORT = """
 import json, os, sys
@@ -233,11 +234,24 @@ class Refused(Exception):
     pass
 
 
-@pytest.mark.parametrize("fork_workers", [True, False])
-def test_a_local_ray_gets_a_fork_server_unless_turned_off(monkeypatch, fork_workers):
-    """``launch.fork_workers`` decides whether ``start_local_ray`` starts a server; with one,
-    the raylet finds it (its variable is set while Ray starts) and starts no worker ahead of
-    need; a failed start stops the server again."""
+@pytest.mark.parametrize(
+    ("mode", "fork_workers", "cuda", "forks"),
+    [
+        ("fast", None, False, True),
+        ("fast", True, False, True),
+        ("fast", False, False, False),
+        ("fast", None, True, False),  # not yet checked with CUDA: off unless asked for
+        ("fast", True, True, True),
+        ("plain", None, False, False),
+    ],
+)
+def test_a_local_ray_gets_a_fork_server_where_its_mode_allows(
+    monkeypatch, mode, fork_workers, cuda, forks
+):
+    """``launch.local_ray`` and ``launch.fork_workers`` decide whether ``start_local_ray``
+    starts a server (``plain`` never; ``fast`` by default only where no CUDA GPU is visible);
+    with one, the raylet finds it (its variable is set while Ray starts) and starts no worker
+    ahead of need; a failed start stops the server again."""
     import ray
 
     from zbrl.launch import ray_setup
@@ -258,12 +272,13 @@ def test_a_local_ray_gets_a_fork_server_unless_turned_off(monkeypatch, fork_work
         seen["advertised"] = os.environ.get(worker_forkserver.SOCKET_ENV)
         raise Refused
 
+    monkeypatch.setattr(ray_setup, "_has_cuda", lambda: cuda)
     monkeypatch.setattr(ray_setup, "start_fork_server", FakeServer)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.delenv(worker_forkserver.SOCKET_ENV, raising=False)
     with pytest.raises(Refused):
-        ray_setup.start_local_ray(2, fork_workers=fork_workers)
-    if fork_workers:
+        ray_setup.start_local_ray(2, mode=mode, fork_workers=fork_workers)
+    if forks:
         assert seen == {"system_config": ray_setup.NO_PRESTART, "advertised": "/nowhere/socket"}
         assert FakeServer.stopped
     else:

@@ -58,11 +58,19 @@ class LaunchConfig(Section):
     write estimated from the policy's size on disk until one has been measured."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
-    fork_workers: bool = True
-    """A local Ray (no ``ray_address``) forks its worker processes from one process that has
-    imported torch and transformers while Ray started, instead of starting each afresh
-    (``launch/worker_forkserver.py``; docs/performance.md, Start-up). Off: every worker is a
-    fresh Python, as Ray starts it. A cluster given by address always starts its own."""
+    local_ray: Literal["fast", "plain"] | None = None
+    """How a local Ray (no ``ray_address``) starts: ``plain`` is Ray exactly as it ships (its
+    public settings only: no replaced Ray internals, no stand-in processes, no fork server);
+    ``fast`` adds zbrl's replacements, which shorten a local start (the registry in
+    ``launch/local_ray/registry.py``; docs/local-ray.md). None: ``fast`` when the installed
+    Ray is within the tested range, else ``plain``. A cluster given by address is always
+    ``plain``."""
+    fork_workers: bool | None = None
+    """With ``local_ray`` fast: fork the worker processes from one process that has imported
+    torch and transformers while Ray started, instead of starting each afresh
+    (``launch/local_ray/forkserver.py``). None: on where no CUDA GPU is visible, off where one
+    is (not yet checked with CUDA: bench/gpu_check.py); true asks for it there too. Never used
+    by ``local_ray=plain`` or a cluster."""
     lend_threads: bool = False
     """A lone consumer trains a step with the threads of the producers parked on its node for
     that whole step (admission has no room and no ticket is in flight: only the consumer's next
@@ -70,6 +78,16 @@ class LaunchConfig(Section):
     Off: each worker keeps ``torch_threads``. Not used by data-parallel consumers. Off by
     default: on cores other jobs also use, more threads per worker can slow it down several
     times (docs/performance.md)."""
+
+    @model_validator(mode="after")
+    def _plain_has_no_fork_server(self) -> LaunchConfig:
+        if self.local_ray == "plain" and self.fork_workers:
+            raise ValueError(
+                "launch.local_ray=plain is Ray as it ships, without the fork server, but "
+                "launch.fork_workers=true asks for it; remove launch.fork_workers or use "
+                "launch.local_ray=fast"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

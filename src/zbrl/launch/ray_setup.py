@@ -26,15 +26,8 @@ from typing import Generic, TypeVar
 
 from zbrl.config import RunConfig
 from zbrl.errors import RunError
-from zbrl.launch.ray_session import (
-    idle_agent_replaced,
-    lean_local_head,
-    light_worker_setup,
-    quick_dashboard_check,
-    ray_in_own_session,
-    workers_start_at_once,
-)
-from zbrl.launch.worker_forkserver import start_fork_server
+from zbrl.launch.local_ray import registry
+from zbrl.launch.local_ray.forkserver import start_fork_server
 
 LOOPBACK = "127.0.0.1"
 # Read by Ray: the first at import (ray_constants.ENABLE_RAY_CLUSTER), the second by ray.init.
@@ -71,6 +64,31 @@ def loopback_only() -> Iterator[None]:
         )
 
 
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_AUTH_NOTICE = "RAY_AUTH_MODE=disabled to opt out"
+"""Ray's notice, on every new local cluster it starts with token authentication on by
+default, that it did so (Ray 2.5x and later)."""
+
+
+class _DropTokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return TOKEN_AUTH_NOTICE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_token_auth_notice() -> Iterator[None]:
+    """While inside, Ray's notice that a new local cluster has token authentication (Ray's
+    default, kept) is not printed: on a local run on loopback it tells the user nothing to
+    act on. Every other record of that logger, and of Ray, passes as before."""
+    logger = logging.getLogger(TOKEN_AUTH_LOGGER)
+    dropping = _DropTokenAuthNotice()
+    logger.addFilter(dropping)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropping)
+
+
 def required_cpus(cfg: RunConfig) -> float:
     """The CPUs the run's workers reserve: producers, consumers and reward workers."""
     from zbrl.launch.placement import reward_worker_count, reward_worker_resources
@@ -85,7 +103,9 @@ def required_cpus(cfg: RunConfig) -> float:
 
 def init_ray(cfg: RunConfig) -> bool:
     """Start or connect to Ray; returns True when this call started it (and must shut it down).
-    The driver calls it from a background thread (:class:`RayStart`)."""
+    The driver calls it from a background thread (:class:`RayStart`). A cluster address gets Ray
+    as it ships; a local Ray starts in the mode ``launch.local_ray`` resolves to
+    (:func:`zbrl.launch.local_ray.registry.resolve_mode`)."""
     address = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS")
     if address:  # a cluster: its own addresses and ports, nothing forced here
         import ray
@@ -96,51 +116,54 @@ def init_ray(cfg: RunConfig) -> bool:
         return True
     if _ray_running():  # the caller's own ray.init (a test session's Ray, say): used as it is
         return False
-    start_local_ray(max(2, math.ceil(required_cpus(cfg)) + 1), fork_workers=cfg.launch.fork_workers)
+    mode, why = registry.resolve_mode(
+        cfg.launch.local_ray, cluster=False, ray_version=registry.installed_ray_version()
+    )
+    if cfg.launch.local_ray is None and mode == registry.PLAIN:
+        print(f"[zbrl] local Ray: plain ({why})", file=sys.stderr, flush=True)
+    start_local_ray(
+        max(2, math.ceil(required_cpus(cfg)) + 1), mode=mode, fork_workers=cfg.launch.fork_workers
+    )
     return True
 
 
-def start_local_ray(num_cpus: int, fork_workers: bool = True) -> None:
+def start_local_ray(
+    num_cpus: int, mode: registry.LocalRayMode = registry.FAST, fork_workers: bool | None = None
+) -> None:
     """Start a new local Ray instance with ``num_cpus`` CPUs (no GPU unless CUDA is there), every
-    socket on loopback; raises RunError if Ray picked another address anyway. ``fork_workers``:
-    its workers forked from a fork server (``launch.fork_workers``)."""
-    num_gpus = 0 if not _has_cuda() else None
+    socket on loopback; raises RunError if Ray picked another address anyway. ``mode``: ``fast``
+    puts every replacement of :data:`zbrl.launch.local_ray.registry.REPLACEMENTS` in place,
+    ``plain`` none; ``fork_workers``: ``launch.fork_workers``
+    (:func:`zbrl.launch.local_ray.registry.use_fork_server` decides)."""
+    cuda = _has_cuda()
+    num_gpus = 0 if not cuda else None
     # first, even before Ray is imported, so that its imports run while Ray starts (the
     # variables set for Ray below are Ray's, which the server lets differ)
-    server = start_fork_server() if fork_workers else None
-    with loopback_only():
+    forking = registry.use_fork_server(mode, fork_workers, cuda_visible=cuda)
+    server = start_fork_server() if forking else None
+    with loopback_only(), quiet_token_auth_notice():
+        if server is not None and not registry.applies("fork_server"):
+            server.stop()  # this Ray's workers would never reach it
+            server = None
         try:
-            # a group signal reaches the driver only; no API server or autoscaler; workers
-            # started together, through a setup program that does not import Ray and forks
-            # them from the server; no idle dashboard agent, and no imports to find it idle
-            # (ray_session.py, worker_forkserver.py)
             with (
-                ray_in_own_session(),
-                lean_local_head(),
-                workers_start_at_once(),
-                light_worker_setup(),
-                quick_dashboard_check(),
-                idle_agent_replaced(),
+                registry.applied(mode),
                 server.advertised() if server is not None else contextlib.nullcontext(),
             ):
                 import ray
 
+                # address "local": a new local instance, never a `ray start` cluster on disk
                 ray.init(
-                    address="local",  # a new local instance, never a `ray start` cluster on disk
-                    num_cpus=num_cpus,
-                    num_gpus=num_gpus,
-                    _node_ip_address=LOOPBACK,
-                    include_dashboard=False,
-                    dashboard_host=LOOPBACK,
-                    log_to_driver=True,
-                    logging_level="WARNING",
+                    address="local", num_cpus=num_cpus, num_gpus=num_gpus,
+                    _node_ip_address=LOOPBACK, include_dashboard=False, dashboard_host=LOOPBACK,
+                    log_to_driver=True, logging_level="WARNING",
                     _system_config=NO_PRESTART if server is not None else None,
-                )
+                )  # fmt: skip
         except BaseException:
             if server is not None:
                 server.stop()
             raise
-    raylet = _raylet_pid()
+    raylet = _raylet_pid() if server is not None else None
     if server is not None and raylet is not None:
         # it ends with the raylet; otherwise (not told) with this process. Told from a thread:
         # it answers once its imports are done (seconds), which the run need not wait for

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from zbrl.config import RunConfig
 from zbrl.launch.placement import Placement, reserve
 from zbrl.launch.shipping import Shipper
+from zbrl.launch.worker_specs import ConsumerSpec, EvaluatorSpec, ProducerSpec
 from zbrl.training.checkpoint import Checkpoint
 
 if TYPE_CHECKING:  # the driver finds its start point without torch (docs/performance.md)
@@ -154,27 +155,25 @@ class Spawner:
     def _data(self) -> dict[str, Any]:
         return self.cfg.model_dump(mode="json")
 
+    @property
+    def _tokenizer(self) -> Any:
+        return self._ship(self.artifacts.tokenizer_dir)
+
     def producer(self, index: int, resume_state: dict[str, Any] | None) -> Any:
         import ray
 
         from zbrl.launch.workers import ProducerWorker
 
+        spec = ProducerSpec(
+            cfg_data=self._data, index=index, model=self._ship(self.start.model_dir),
+            tokenizer=self._tokenizer, buffer=self.buffer, store=self.store, hub=self.hub,
+            initial_version=self.start.version, resume_state=resume_state,
+            reward_workers=self.reward_workers,
+        )  # fmt: skip
         return (  # a restarted producer takes its predecessor's bundle
             ray.remote(ProducerWorker)
             .options(**self.placement.producer_options(index))
-            .remote(
-                self._data,
-                index,
-                self._ship(self.start.model_dir),
-                self._ship(self.artifacts.tokenizer_dir),
-                self.prompts_ref,
-                self.buffer,
-                self.store,
-                self.hub,
-                self.start.version,
-                resume_state,
-                self.reward_workers,
-            )
+            .remote(spec, self.prompts_ref)  # the prompts' value: a top-level argument
         )
 
     def consumer(self, index: int) -> Any:
@@ -182,24 +181,17 @@ class Spawner:
 
         from zbrl.launch.workers import ConsumerWorker
 
+        spec = ConsumerSpec(
+            cfg_data=self._data, index=index, model=self._ship(self.start.model_dir),
+            reference=self._ship(self.artifacts.model_dir), tokenizer=self._tokenizer,
+            run_dir=self._run_dir, total_steps=self.total_steps, buffer=self.buffer,
+            store=self.store, hub=self.hub, trainer_state=self._trainer_state, group=self.group,
+            head_files=self.head_files,
+        )  # fmt: skip
         return (
             ray.remote(ConsumerWorker)
             .options(**self.placement.consumer_options(index))
-            .remote(
-                self._data,
-                index,
-                self._ship(self.start.model_dir),
-                self._ship(self.artifacts.model_dir),
-                self._ship(self.artifacts.tokenizer_dir),
-                self._run_dir,
-                self.total_steps,
-                self.buffer,
-                self.store,
-                self.hub,
-                self._trainer_state,
-                self.group,
-                self.head_files,
-            )
+            .remote(spec)
         )
 
     def evaluator(self) -> Any | None:
@@ -209,20 +201,13 @@ class Spawner:
 
         if not self.eval_sets:
             return None
+        spec = EvaluatorSpec(
+            cfg_data=self._data, model=self._ship(self.start.model_dir), tokenizer=self._tokenizer,
+            eval_sets=self.eval_sets, run_dir=self._run_dir, store=self.store, hub=self.hub,
+            initial_version=self.start.version, head_files=self.head_files,
+        )  # fmt: skip
         return (
-            ray.remote(EvaluatorWorker)
-            .options(**self.placement.evaluator_options())
-            .remote(
-                self._data,
-                self._ship(self.start.model_dir),
-                self._ship(self.artifacts.tokenizer_dir),
-                self.eval_sets,
-                self._run_dir,
-                self.store,
-                self.hub,
-                self.start.version,
-                self.head_files,
-            )
+            ray.remote(EvaluatorWorker).options(**self.placement.evaluator_options()).remote(spec)
         )
 
 

@@ -13,7 +13,7 @@ _MODULE_STARTED = time.time()
 _MODULE_CPU = time.process_time()
 _MODULE_PID = __import__("os").getpid()
 """The process that imported this module: another one when a worker was forked with it
-imported (:mod:`zbrl.launch.worker_forkserver`)."""
+imported (:mod:`zbrl.launch.local_ray.forkserver`)."""
 
 import contextlib
 import os
@@ -45,11 +45,12 @@ from zbrl.launch.placement import describe_process, node_address
 from zbrl.launch.reward_workers import reward_scorer
 from zbrl.launch.shipping import ShippedDir, local_dir, local_path, on_driver_node
 from zbrl.launch.startup import process_start_time
+from zbrl.launch.worker_specs import ConsumerSpec, EvaluatorSpec, ProducerSpec
 from zbrl.models.quiet import quiet_transformers
 from zbrl.rewards.base import prepare_reward
 from zbrl.telemetry.spans import STARTUP, SpanRecorder
 from zbrl.training.consumer import ThreadLending
-from zbrl.training.distributed import GroupSpec, join_group
+from zbrl.training.distributed import join_group
 from zbrl.transport.clients import BufferClient, HubClient, WeightStoreClient
 from zbrl.transport.handles import RayHandle
 from zbrl.transport.weight_sync.factory import build_publisher, build_receiver
@@ -166,61 +167,44 @@ def _setup_process(cfg: RunConfig, seed_offset: int) -> None:
 class ProducerRole:
     """A Producer in its own process."""
 
-    def __init__(
-        self,
-        cfg_data: dict[str, Any],
-        index: int,
-        model: ShippedDir,
-        tokenizer: ShippedDir,
-        prompts: list[EncodedPrompt],
-        buffer: Any,
-        store: Any,
-        hub: Any,
-        initial_version: int,
-        resume_state: dict[str, Any] | None,
-        reward_workers: list[Any] | None = None,
-    ) -> None:
-        """``model``, ``tokenizer``: the directories to load, read where this node has them
-        (:func:`zbrl.launch.shipping.local_dir`); ``initial_version``: the version of the weights
-        in ``model``; ``resume_state``: the
-        producer's resume point (from the rollout buffer) when it continues a shard;
-        ``reward_workers``: the reward-model actors to score with (None: in this process)."""
+    def __init__(self, spec: ProducerSpec, prompts: list[EncodedPrompt]) -> None:
+        """``spec``: :class:`zbrl.launch.worker_specs.ProducerSpec`; ``prompts``: its shard."""
         from zbrl.rollout.producer import Producer
 
         timer = StartupTimer()
-        cfg = RunConfig.model_validate(cfg_data)
-        _setup_process(cfg, 1000 + index)
-        self.recorder = SpanRecorder(f"producer-{index}", "producer")
-        self.hub = HubClient(RayHandle(hub))
+        cfg = RunConfig.model_validate(spec.cfg_data)
+        _setup_process(cfg, 1000 + spec.index)
+        self.recorder = SpanRecorder(f"producer-{spec.index}", "producer")
+        self.hub = HubClient(RayHandle(spec.hub))
         with timer.part("reward"):  # first: what it starts in the background (prepare) has
             # the model's load to finish in
-            reward_fn = build_reward_fn(cfg, scorer=reward_scorer(cfg, reward_workers))
+            reward_fn = build_reward_fn(cfg, scorer=reward_scorer(cfg, spec.reward_workers))
             prepare_reward(reward_fn)
         with timer.part("files"):
-            model_dir, tokenizer_dir = local_dirs(cfg, model, tokenizer)
+            model_dir, tokenizer_dir = local_dirs(cfg, spec.model, spec.tokenizer)
         with timer.part("backend"):
             backend = build_backend(cfg, model_dir, tokenizer_dir)
         self.receiver = build_receiver(
             cfg.transport.weight_sync,
-            WeightStoreClient(RayHandle(store)),
+            WeightStoreClient(RayHandle(spec.store)),
             self.recorder,
-            initial_version=initial_version,
-            member=f"producer-{index}",
+            initial_version=spec.initial_version,
+            member=f"producer-{spec.index}",
             broadcast=broadcast_settings(cfg, node_address()),
         )
-        settings = producer_settings(cfg, index)
+        settings = producer_settings(cfg, spec.index)
         self.producer = Producer(
             settings,
             prompts,
             backend,
             reward_fn,
-            BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
+            BufferClient(RayHandle(spec.buffer), node=describe_process()["node_id"]),
             self.receiver,
             self.recorder,
             build_episode_runner(cfg, backend, settings.sampling.max_new_tokens),
         )
-        if resume_state is not None:
-            self.producer.load_state(resume_state)
+        if spec.resume_state is not None:
+            self.producer.load_state(spec.resume_state)
         timer.record(self.recorder)
 
     def placement(self) -> dict[str, Any]:
@@ -233,57 +217,39 @@ class ProducerRole:
 
 class ConsumerRole:
     """A Consumer (policy, optional frozen reference, optimizer) in its own process; with
-    ``group``, rank ``index`` of the consumers' data-parallel process group."""
+    ``spec.group``, rank ``spec.index`` of the consumers' data-parallel process group."""
 
-    def __init__(
-        self,
-        cfg_data: dict[str, Any],
-        index: int,
-        model: ShippedDir,
-        reference: ShippedDir,
-        tokenizer: ShippedDir,
-        run_dir: str,
-        total_steps: int,
-        buffer: Any,
-        store: Any,
-        hub: Any,
-        trainer_state: str | None,
-        group: GroupSpec | None = None,
-        head_files: Any = None,
-    ) -> None:
-        """``model``: the policy's weights (a checkpoint when resuming); ``reference``: the
-        frozen reference's (the base model); ``trainer_state``: a checkpoint's consumer state
-        file to continue from (inside ``model``, as the driver's node has it); ``group``: the
-        data-parallel group this consumer joins as rank ``index`` (None for one consumer);
-        ``head_files``: the actor that takes this consumer's checkpoints and uid log when it runs
-        on another node than the driver's (None on a single node)."""
+    def __init__(self, spec: ConsumerSpec) -> None:
+        """``spec``: :class:`zbrl.launch.worker_specs.ConsumerSpec`."""
         from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
         timer = StartupTimer()
-        cfg = RunConfig.model_validate(cfg_data)
-        _setup_process(cfg, index)
-        if group is not None:  # a data-parallel rank: in the group before the engine is built
+        cfg = RunConfig.model_validate(spec.cfg_data)
+        _setup_process(cfg, spec.index)
+        if spec.group is not None:  # a rank: in the group before the engine is built
             with timer.part("group"):
-                join_group(group, rank=index)
-        self.recorder = SpanRecorder(f"consumer-{index}", "consumer")
-        self.hub = HubClient(RayHandle(hub))
+                join_group(spec.group, rank=spec.index)
+        self.recorder = SpanRecorder(f"consumer-{spec.index}", "consumer")
+        self.hub = HubClient(RayHandle(spec.hub))
         with timer.part("files"):
-            model_dir, tokenizer_dir = local_dirs(cfg, model, tokenizer)
-            reference_dir = local_dir(reference, cfg.logging.cache_dir)
-            local_run_dir = node_run_dir(run_dir, model.driver_node, cfg.logging.cache_dir)
+            model_dir, tokenizer_dir = local_dirs(cfg, spec.model, spec.tokenizer)
+            reference_dir = local_dir(spec.reference, cfg.logging.cache_dir)
+            local_run_dir = node_run_dir(
+                spec.run_dir, spec.model.driver_node, cfg.logging.cache_dir
+            )
         with timer.part("tokenizer"):
             tokenizer = load_tokenizer(cfg, tokenizer_dir)
         with timer.part("trainer"):
             trainer = build_trainer(
-                cfg, model_dir, tokenizer, total_steps, reference_dir=reference_dir
+                cfg, model_dir, tokenizer, spec.total_steps, reference_dir=reference_dir
             )
         # only rank 0 publishes; the other ranks hold a publisher that is never called, and must
         # not join (or form) the broadcast group
-        sync = cfg.transport.weight_sync if index == 0 else ObjectStoreSync()
+        sync = cfg.transport.weight_sync if spec.index == 0 else ObjectStoreSync()
         self.publisher = build_publisher(
             sync,
-            WeightStoreClient(RayHandle(store)),
+            WeightStoreClient(RayHandle(spec.store)),
             self.recorder,
             broadcast=broadcast_settings(cfg, node_address()),
             dtype=inference_dtype(cfg),  # the producers' and evaluator's inference dtype
@@ -291,18 +257,18 @@ class ConsumerRole:
         self.consumer = Consumer(
             consumer_settings(cfg, local_run_dir),
             trainer,
-            BufferClient(RayHandle(buffer), node=describe_process()["node_id"]),
+            BufferClient(RayHandle(spec.buffer), node=describe_process()["node_id"]),
             self.publisher,
             self.recorder,
             tokenizer=tokenizer,
             on_step=self.hub.add_metrics,
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
             lending=_lending(cfg),
-            mirror=head_mirror(head_files, model.driver_node, local_run_dir),
+            mirror=head_mirror(spec.head_files, spec.model.driver_node, local_run_dir),
         )
-        if trainer_state is not None:
+        if spec.trainer_state is not None:
             with timer.part("trainer_state"):
-                state_file = local_path(model, model_dir, trainer_state)
+                state_file = local_path(spec.model, model_dir, spec.trainer_state)
                 self.consumer.load_state(load_state(state_file))
         timer.record(self.recorder)
 
@@ -317,39 +283,29 @@ class ConsumerRole:
 class EvaluatorRole:
     """Evaluates the newest published weights on the eval sets, on request."""
 
-    def __init__(
-        self,
-        cfg_data: dict[str, Any],
-        model: ShippedDir,
-        tokenizer: ShippedDir,
-        eval_sets: dict[str, list[EncodedPrompt]],
-        run_dir: str,
-        store: Any,
-        hub: Any,
-        initial_version: int,
-        head_files: Any = None,
-    ) -> None:
-        """As the producer's and consumer's arguments; ``head_files``: the actor that takes the
-        eval files when this evaluator runs on another node than the driver's."""
+    def __init__(self, spec: EvaluatorSpec) -> None:
+        """``spec``: :class:`zbrl.launch.worker_specs.EvaluatorSpec`."""
         from zbrl.evaluation.evaluator import EvalSet, Evaluator
 
         timer = StartupTimer()
-        cfg = RunConfig.model_validate(cfg_data)
+        cfg = RunConfig.model_validate(spec.cfg_data)
         _setup_process(cfg, 999)
         self.recorder = SpanRecorder("evaluator", "evaluator")
-        self.hub = HubClient(RayHandle(hub))
+        self.hub = HubClient(RayHandle(spec.hub))
         with timer.part("files"):
-            model_dir, tokenizer_dir = local_dirs(cfg, model, tokenizer)
-            local_run_dir = node_run_dir(run_dir, model.driver_node, cfg.logging.cache_dir)
-        self.mirror = head_mirror(head_files, model.driver_node, local_run_dir)
+            model_dir, tokenizer_dir = local_dirs(cfg, spec.model, spec.tokenizer)
+            local_run_dir = node_run_dir(
+                spec.run_dir, spec.model.driver_node, cfg.logging.cache_dir
+            )
+        self.mirror = head_mirror(spec.head_files, spec.model.driver_node, local_run_dir)
         with timer.part("backend"):
             backend = build_backend(cfg, model_dir, tokenizer_dir)
         self.backend = backend
         self.receiver = build_receiver(
             cfg.transport.weight_sync,
-            WeightStoreClient(RayHandle(store)),
+            WeightStoreClient(RayHandle(spec.store)),
             self.recorder,
-            initial_version=initial_version,
+            initial_version=spec.initial_version,
             member="evaluator",
             broadcast=broadcast_settings(cfg, node_address()),
         )
@@ -358,7 +314,7 @@ class EvaluatorRole:
             backend,
             build_episode_runner(cfg, backend, params.max_new_tokens),
             build_eval_reward_fn(cfg),
-            [EvalSet(name, prompts) for name, prompts in eval_sets.items()],
+            [EvalSet(name, prompts) for name, prompts in spec.eval_sets.items()],
             params,
             batch_size=cfg.eval.batch_size,
             out_dir=local_run_dir / EVAL_DIR,

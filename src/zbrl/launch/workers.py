@@ -9,17 +9,21 @@ Start-up). Each shell's methods are its role's, by name."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zbrl.launch.worker_specs import ConsumerSpec, EvaluatorSpec, ProducerSpec
+    from zbrl.types import EncodedPrompt
 
 
 class ProducerWorker:
     """A Producer in its own process (:class:`zbrl.launch.worker_roles.ProducerRole`, which
     documents the arguments)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, spec: ProducerSpec, prompts: list[EncodedPrompt]) -> None:
         from zbrl.launch.worker_roles import ProducerRole
 
-        self.role = ProducerRole(*args, **kwargs)
+        self.role = ProducerRole(spec, prompts)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""
@@ -33,10 +37,10 @@ class ConsumerWorker:
     """A Consumer in its own process (:class:`zbrl.launch.worker_roles.ConsumerRole`, which
     documents the arguments)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, spec: ConsumerSpec) -> None:
         from zbrl.launch.worker_roles import ConsumerRole
 
-        self.role = ConsumerRole(*args, **kwargs)
+        self.role = ConsumerRole(spec)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""
@@ -48,12 +52,12 @@ class ConsumerWorker:
 
 class EvaluatorWorker:
     """The evaluator in its own process (:class:`zbrl.launch.worker_roles.EvaluatorRole`,
-    which documents the arguments)."""
+    built from a :class:`zbrl.launch.worker_specs.ProducerSpec`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, spec: EvaluatorSpec) -> None:
         from zbrl.launch.worker_roles import EvaluatorRole
 
-        self.role = EvaluatorRole(*args, **kwargs)
+        self.role = EvaluatorRole(spec)
 
     def evaluate(self, step: int, version: int) -> dict[str, dict[str, float]]:
         return self.role.evaluate(step, version)

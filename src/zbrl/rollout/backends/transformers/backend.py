@@ -22,14 +22,23 @@ if TYPE_CHECKING:
     from zbrl.models.lora import AdapterMerger
 
 
+def fast_decode_device_off(device: torch.device) -> str | None:
+    """Why zbrl's own decode loop is not used on ``device`` (None: it is): it has been checked
+    against ``generate`` on the CPU only; on a GPU it waits for bench/gpu_check.py to pass."""
+    if device.type == "cpu":
+        return None
+    return f"device {device.type} (zbrl's loop is checked on the CPU only: bench/gpu_check.py)"
+
+
 class TransformersBackend:
     """Batched sampling with ``model.generate``; log-probs come from the raw logits of each step.
     With several samples per prompt, each prompt is prefilled once and its cache shared by its
     samples (:meth:`_prefill_once`). Where a response ends: :class:`.responses.ResponseRule`.
 
-    A Llama-type model is decoded by zbrl's own loop instead (:mod:`.fast_decode`: the same
-    samples, a fraction of ``generate``'s overhead) unless ``fast_decode`` is off, the model is
-    of another kind (``fast_decode_off`` says why) or the sampling has stop strings.
+    A Llama-type model on the CPU is decoded by zbrl's own loop instead (:mod:`.fast_decode`:
+    the same samples, a fraction of ``generate``'s overhead) unless ``fast_decode`` is off, the
+    model is of another kind or on a GPU (``fast_decode_off`` says why) or the sampling has stop
+    strings.
 
     With a ``merger`` (LoRA runs, :class:`zbrl.models.lora.AdapterMerger`) the weights it is sent
     are adapters, merged into the model from an unmerged copy of its base.
@@ -60,7 +69,11 @@ class TransformersBackend:
         else:
             self.pad_id = next(iter(self.eos_ids))
         self.responses = ResponseRule(tokenizer, self.eos_ids, self.pad_id)
-        self.fast_decode_off = "fast_decode=False" if not fast_decode else unsupported(model)
+        self.fast_decode_off = (
+            "fast_decode=False"
+            if not fast_decode
+            else (fast_decode_device_off(self.device) or unsupported(model))
+        )
         """Why ``generate`` calls transformers' ``generate`` (None: zbrl's loop decodes)."""
         self.decoder = FastDecoder(model) if self.fast_decode_off is None else None
 

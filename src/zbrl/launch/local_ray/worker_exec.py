@@ -13,10 +13,10 @@ This program does the same with ``json`` and ``os``. It hands over to Ray's own
 ``setup_worker.py`` (found beside the installed ``ray`` package, which is located, not imported)
 for anything it does not know: a language other than Python, a context it cannot read, or one
 with fields other than the five Ray's ``RuntimeEnvContext`` had when this was written.
-:func:`zbrl.launch.ray_session.light_worker_setup` puts it in the raylet's command; a raylet
-started elsewhere (``ray start`` on a cluster's node) keeps Ray's. When the run's fork server is
-up (:mod:`zbrl.launch.worker_forkserver`), the worker is forked from it instead of started
-afresh, and this process stays as its stand-in.
+:func:`zbrl.launch.local_ray.replacements.light_worker_setup` puts it in the raylet's command;
+a raylet started elsewhere (``ray start`` on a cluster's node) keeps Ray's. When the run's fork
+server is up (:mod:`zbrl.launch.local_ray.forkserver`), the worker is forked from it instead of
+started afresh, and this process stays as its stand-in.
 
 Run as a script, its folder would come first on ``sys.path`` (this package's modules shadowing
 the standard library's), so the folder is dropped before anything is imported.
@@ -41,7 +41,7 @@ KNOWN_CONTEXT = {
     "override_worker_entrypoint",
     "java_jars",
 }
-FORK_SERVER_ENV = "ZBRL_WORKER_FORKSERVER"  # worker_forkserver.SOCKET_ENV
+FORK_SERVER_ENV = "ZBRL_WORKER_FORKSERVER"  # forkserver.SOCKET_ENV
 UNSET_VARIABLE = re.compile(r"\$\{[A-Z0-9_]+\}")
 
 
@@ -120,12 +120,12 @@ def main(argv: list[str]) -> None:
 
 def forked_by_server(socket_path: str, argv: list[str]) -> int | None:
     """The worker ``argv`` forked by the run's fork server, this process standing in for it
-    (:mod:`zbrl.launch.worker_forkserver`, loaded from beside this file without importing the
+    (:mod:`zbrl.launch.local_ray.forkserver`, loaded from beside this file without importing the
     zbrl package): its exit code, or None when the server is not there or refuses it."""
     if not argv or argv[0].startswith("-"):  # interpreter flags: not a fork's to honour
         return None
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_forkserver.py")
-    spec = importlib.util.spec_from_file_location("zbrl_worker_forkserver", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
+    spec = importlib.util.spec_from_file_location("zbrl_local_ray_forkserver", path)
     if spec is None or spec.loader is None:
         return None
     module = importlib.util.module_from_spec(spec)

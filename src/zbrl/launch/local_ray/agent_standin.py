@@ -1,5 +1,5 @@
 """What a local raylet starts instead of Ray's dashboard agent when that agent would have nothing
-to run (:func:`zbrl.launch.ray_session.idle_agent_replaced`).
+to run (:func:`zbrl.launch.local_ray.replacements.idle_agent_replaced`).
 
 With Ray's minimal install (no dashboard packages: zbrl's dependencies) the dashboard agent
 loads none of its modules. It starts Python, imports Ray (0.5 CPU-s, while the run's other
@@ -11,7 +11,7 @@ milliseconds with the standard library alone: it writes -1 to each port file it 
 ends (the raylet treats an agent that exits as a failure) or sends it SIGTERM, as it does when
 it stops.
 
-    python -S ray_agent_standin.py PORT_FILE [PORT_FILE ...]
+    python -S agent_standin.py PORT_FILE [PORT_FILE ...]
 
 Nothing here imports zbrl or Ray.
 """

@@ -9,7 +9,7 @@ and each worker then begins as a copy of it: the modules are there, their memory
 written.
 
 How a worker starts (``ray_setup.start_local_ray`` starts the server and puts
-:mod:`zbrl.launch.worker_exec` in the raylet's command):
+:mod:`zbrl.launch.local_ray.worker_exec` in the raylet's command):
 
 1. The raylet starts ``python worker_exec.py default_worker.py ARGS`` as it would start Ray's
    ``setup_worker.py``. ``worker_exec`` applies the runtime environment's variables, then sends
@@ -420,7 +420,8 @@ def serve(socket_path: str) -> None:
     stand-in has sent its request and waits for the answer (up to 120 s). Forked before, a
     producer or consumer imported the rest itself, beside the server still importing it, on the
     same two cores: with Ray's start shortened by the agent's stand-in
-    (:func:`zbrl.launch.ray_session.idle_agent_replaced`) the run's workers ask 1 s before the
+    (:func:`zbrl.launch.local_ray.replacements.idle_agent_replaced`) the run's workers ask 1 s
+    before the
     imports end, and forking them only afterwards started the demo 0.2 s sooner (5.07 s
     against 5.31 s to the first metrics line) on 1.4 CPU-s less (docs/performance.md,
     Start-up). The hub, buffer and store, which need none of it, wait too; they are not what
@@ -535,7 +536,7 @@ def start_fork_server() -> ForkServer | None:
     path = os.path.join(folder, "socket")
     env = dict(os.environ)
     process = subprocess.Popen(
-        [sys.executable, "-m", "zbrl.launch.worker_forkserver", path],
+        [sys.executable, "-m", "zbrl.launch.local_ray.forkserver", path],
         stdin=subprocess.DEVNULL,
         env=env,
         start_new_session=True,  # a signal to the driver's group is the driver's alone

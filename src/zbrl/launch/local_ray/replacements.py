@@ -1,21 +1,11 @@
-"""Ray's processes of a local run in a session of their own, so that a signal sent to the run's
-process group reaches only the driver.
+"""The context managers that replace Ray internals while a local ``ray.init`` starts Ray
+(``launch.local_ray=fast``); :mod:`zbrl.launch.local_ray.registry` lists them with what each
+replaces, why, what it saves, the Ray versions it was checked on and when it can go.
 
-``timeout``, ``kill -- -PGID``, a shell's job control and batch schedulers that signal a job's
-process group send SIGTERM to every process in the group. A local ``ray.init`` starts its GCS
-server, raylet and helpers as children of the driver, in the driver's group, and the raylet
-starts the workers below itself, so such a SIGTERM killed the GCS and every worker (the consumer
-with them) while the driver began its clean stop: it then waited 60 s for the dead GCS and
-exited 1 with no checkpoint. (Ray blocks SIGINT in those processes, which is why Ctrl-C, sent to
-the terminal's foreground group, always worked.)
-
-:func:`ray_in_own_session` makes ``ray.init`` start those processes with ``setsid``: the group
-signal now reaches only the driver, which stops the run cleanly (:mod:`zbrl.launch.signals`),
-and the driver ends Ray as before. Nothing else changes: Ray still ties each process to the
-driver's life (Linux's parent-death signal), so a driver killed with SIGKILL still takes Ray with
-it, and the driver still stops them with ``ray.shutdown``. A signal sent to every process of a
-job one by one (systemd's default ``KillMode=control-group``, Slurm's job-step kill) still
-reaches the workers: see docs/survival.md for the settings that send it to the driver only.
+Each yields True while its replacement is in place, and False (changing nothing) when the
+installed Ray has no such name or a different shape: an unknown Ray runs as it ships. The
+canary test (tests/unit/test_local_ray_canary.py) fails instead, so that a Ray that no longer
+fits is noticed.
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from zbrl.launch import ray_agent_standin
+from zbrl.launch.local_ray import agent_standin
 
 
 @contextlib.contextmanager
@@ -74,7 +64,18 @@ def _command_argument_rewritten(
 
 def ray_in_own_session() -> contextlib.AbstractContextManager[bool]:
     """While inside, Ray starts its processes in a new session; yields False (and changes
-    nothing) when this Ray version has no ``ray._private.services.ConsolePopen`` to wrap."""
+    nothing) when this Ray version has no ``ray._private.services.ConsolePopen`` to wrap.
+
+    ``timeout``, ``kill -- -PGID``, a shell's job control and batch schedulers send SIGTERM to
+    every process of the run's process group. A local ``ray.init`` starts its GCS server,
+    raylet and helpers as children of the driver, in the driver's group, so such a SIGTERM
+    killed the GCS and every worker while the driver began its clean stop (it then waited for
+    the dead GCS and exited 1 with no checkpoint). Started with ``setsid``, they are out of the
+    group: the signal reaches only the driver, which stops the run cleanly
+    (:mod:`zbrl.launch.signals`) and ends Ray. Ray still ties each process to the driver's life
+    (Linux's parent-death signal). A signal sent to every process of a job one by one (systemd's
+    ``KillMode=control-group``, Slurm's job-step kill) still reaches the workers
+    (docs/survival.md)."""
 
     def replace(original: Any) -> Any:
         class OwnSessionPopen(original):  # type: ignore[misc, valid-type]
@@ -147,7 +148,7 @@ def workers_start_at_once(
 
 def light_worker_setup() -> contextlib.AbstractContextManager[bool]:
     """While inside, a local raylet starts each Python worker through
-    :mod:`zbrl.launch.worker_exec` instead of Ray's ``setup_worker.py``; yields False (and
+    :mod:`zbrl.launch.local_ray.worker_exec` instead of Ray's ``setup_worker.py``; yields False (and
     changes nothing) when this Ray version's ``start_raylet`` takes no ``setup_worker_path``.
 
     Ray's program imports Ray (0.55 CPU-s) only to apply the runtime environment's context and
@@ -162,7 +163,7 @@ def light_worker_setup() -> contextlib.AbstractContextManager[bool]:
             return None
         if "setup_worker_path" not in signature.parameters:
             return None
-        from zbrl.launch import worker_exec
+        from zbrl.launch.local_ray import worker_exec
 
         def start_raylet(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
@@ -180,7 +181,7 @@ DASHBOARD_AGENT_FLAG = "--dashboard_agent_command="
 
 def idle_agent_replaced() -> contextlib.AbstractContextManager[bool]:
     """While inside, a local raylet whose dashboard agent would run ``--minimal`` (Ray's minimal
-    install: no dashboard modules to load) starts :mod:`zbrl.launch.ray_agent_standin` in its
+    install: no dashboard modules to load) starts :mod:`zbrl.launch.local_ray.agent_standin` in its
     place; yields False (and changes nothing) when this Ray version does not say where the
     agent's port files go.
 
@@ -210,7 +211,7 @@ def idle_agent_replaced() -> contextlib.AbstractContextManager[bool]:
             for name in names
         ]
         # quoted as Ray quotes the agent's command for the raylet
-        return subprocess.list2cmdline([sys.executable, "-S", ray_agent_standin.__file__, *files])
+        return subprocess.list2cmdline([sys.executable, "-S", agent_standin.__file__, *files])
 
     return _command_argument_rewritten(DASHBOARD_AGENT_FLAG, stand_in)
 
