@@ -288,6 +288,7 @@ class Producer:
             reward_timeouts=sum(r.timed_out for r in results),
             reward_failed=sum(r.failed for r in results),
             episode_failures=sum(c.failure is not None for c in completions),
+            failure=first_failure(completions, results),
             truncated=[ctx.truncated for ctx in contexts],
             policy_version=version,
             temperature=temperature,
@@ -300,6 +301,18 @@ class Producer:
             env_counts=record.env_counts,
             token_versions=token_versions,
         )
+
+
+def first_failure(completions: list[EpisodeCompletion], results: list[RewardResult]) -> str | None:
+    """A group's first failure as ``kind: detail``: its first failed episode's, else its first
+    failed reward's (``reward_failed: <reason>``); None when nothing failed."""
+    failed = next((c.failure for c in completions if c.failure is not None), None)
+    if failed is not None:
+        return failed
+    reward = next((r for r in results if r.failed), None)
+    if reward is None:
+        return None
+    return f"reward_failed: {reward.metadata.get('reward_error', 'no reason given')}"
 
 
 def _token_versions(
