@@ -48,7 +48,7 @@ def read_request(body: Any, *, chat: bool) -> Request:
         raise RequestError("the request body must be a JSON object")
     if body.get("stream"):
         raise RequestError("stream: true is not supported; ask without streaming")
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise RequestError("n must be 1 (one completion per request)")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
