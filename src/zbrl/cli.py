@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from zbrl.config.environments import AgentEndpoint
+
     p = sub.add_parser(
         "serve",
         help="serve a checkpoint or model over an OpenAI-compatible endpoint",
@@ -212,6 +214,23 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="default and largest max_tokens")
     p.add_argument("--batch-window", type=float, default=0.02, help="seconds to gather a batch")
     p.add_argument("--max-batch", type=int, default=64, help="requests per backend batch at most")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="requests must carry this key (Authorization: Bearer KEY), else 401; "
+        "default: $ZBRL_API_KEY, else any key",
+    )
+    p.add_argument(
+        "--allow-anyone",
+        action="store_true",
+        help="serve on a host that is not loopback without an API key (refused otherwise)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=AgentEndpoint.model_fields["max_request_bytes"].default,
+        help="a larger request body is refused (413) before it is read",
+    )
     p.set_defaults(func=_cmd_serve)
 
 

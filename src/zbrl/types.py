@@ -88,6 +88,10 @@ class RolloutGroup:
     episode_failures: int = 0
     """Episodes that failed without a score (an agent's timeout, crash or malformed result); the
     buffer drops a group that has any, so no made-up score is trained."""
+    failure: str | None = None
+    """The group's first failure as ``kind: detail`` (an episode's, else a reward's: the
+    ``reward_failed`` kind); None when nothing failed. Counted per kind by the buffer
+    (:mod:`zbrl.transport.failure_log`)."""
     loss_masks: list[torch.Tensor] | None = field(default_factory=_none)
     """Multi-turn episodes: G bool tensors, each [L_i], True on the tokens the model generated
     (environment tokens are in ``response_ids`` but outside the loss); None: every response
@@ -156,6 +160,7 @@ class RolloutGroup:
         state.setdefault("episode_failures", 0)
         state.setdefault("segments", None)
         state.setdefault("teacher_failed", 0)
+        state.setdefault("failure", None)
         self.__dict__.update(state)
         if packed:
             self.__dict__[_PACKED_STATE] = packed

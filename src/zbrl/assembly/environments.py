@@ -28,7 +28,7 @@ def build_episode_runner(cfg: RunConfig, backend: Any, max_new_tokens: int):
     tokenizer = backend.tokenizer
     eos_ids = set(getattr(backend, "eos_ids", None) or {tokenizer.eos_token_id})
     if isinstance(env_cfg, EndpointEnvironment):  # the agent drives, through the endpoint
-        environment = build_agent_environment(env_cfg, tokenizer, eos_ids)
+        environment = build_agent_environment(env_cfg, tokenizer, eos_ids, backend.context_len)
         formatter = environment.endpoint.renderer.formatter  # the agent's messages, any role
     else:
         environment = build_environment(env_cfg)

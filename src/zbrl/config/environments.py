@@ -157,6 +157,8 @@ class AgentEndpoint(Section):
     """Calls per backend batch at most."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Longest a request waits for its completion (then it is answered 504)."""
+    max_request_bytes: int = Field(default=4 * 2**20, ge=1024)
+    """A request body larger than this is refused (413) before it is read."""
 
 
 class EndpointEnvironment(EnvironmentBase):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from zbrl.config.base import Section
+from zbrl.config.progress import NoProgress
 
 PARALLEL_REPLACED = (
     "launch.parallel was replaced: data-parallel training is launch.num_consumers=M with "
@@ -56,6 +57,8 @@ class LaunchConfig(Section):
     consumer's stop checkpoint and for the roles to return. None sizes it from the run's own
     measurements: 2 x (the longest train step + the longest checkpoint write) + 20 s, with the
     write estimated from the policy's size on disk until one has been measured."""
+    no_progress: NoProgress = Field(default_factory=NoProgress)
+    """When a run that trains nothing stops (failed groups in a row, time without a step)."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in each worker."""
     local_ray: Literal["fast", "plain"] | None = None

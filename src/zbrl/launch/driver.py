@@ -243,7 +243,8 @@ def execute(
     if outcome.failure is None and outcome.stop_reason is None:
         final = _final_eval(supervisor, workers, monitor, steps)
     monitor.poll()
-    buffer_stats = BufferClient(RayHandle(workers.buffer)).snapshot()
+    buffer = BufferClient(RayHandle(workers.buffer))
+    buffer_stats, failures = buffer.snapshot(), buffer.failure_log()
     summary = build_summary(
         monitor, outcome.results, buffer_stats, start, end, steps, initial, final
     )
@@ -257,6 +258,8 @@ def execute(
         interrupted=outcome.stop_reason,
         resumed_from=str(resume.path) if resume is not None else None,
         checkpoint=checkpoint,
+        failed_groups_by_cause=failures["groups"],
+        first_failure_by_cause=failures["first"],
     )
     if cfg.algorithm.distill is not None:
         from zbrl.evaluation.teacher import teacher_summary

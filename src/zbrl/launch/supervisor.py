@@ -18,6 +18,9 @@ goes wrong without ending the run when it need not:
   each); the restarts are counted, and a worker dead past its budget ends the run, naming it.
 - an **evaluator** that fails is reported as a warning and re-created; evaluations due while it
   is away are skipped.
+- a run that **trains nothing** (groups failing in a row, or no step for a long time:
+  ``launch.no_progress``, :mod:`zbrl.launch.progress_watch`) is stopped as a failure the
+  consumer survives, with one line naming the cause seen most and its fix.
 - the first **SIGINT/SIGTERM** (see :mod:`zbrl.launch.signals`), and a failure that ends the run
   while the consumer lives, ask the buffer to stop: producers get no more admission, the consumer
   finishes its step and writes a resumable checkpoint, and every role returns.
@@ -35,6 +38,7 @@ from zbrl.config import RunConfig
 from zbrl.launch.failures import RunFailed, blame_shared_actor, outcome_of
 from zbrl.launch.monitor import RunMonitor
 from zbrl.launch.placement import record_placement
+from zbrl.launch.progress_watch import ProgressWatch
 from zbrl.launch.resume import truncate_logs
 from zbrl.launch.reward_workers import RewardWorkerWatch
 from zbrl.launch.run_dir import CHECKPOINTS
@@ -47,6 +51,8 @@ from zbrl.transport.clients import BufferClient
 from zbrl.transport.handles import RayHandle
 
 READY_TIMEOUT_S = 900.0
+PROGRESS_POLL_S = 2.0
+"""How often the loop reads the buffer's failure log for the no-progress watch."""
 POLL_S = 0.5
 """How often the loop drains the telemetry hub (metrics, spans, progress) once steps arrive."""
 FIRST_POLL_S = 0.1
@@ -118,6 +124,10 @@ class Supervisor:
         self._weights_bytes = weights_bytes(spawner.start.model_dir)
         budget = getattr(cfg.reward, "worker_max_restarts", 0)
         self._reward_watch = RewardWorkerWatch(workers.reward_workers, budget)
+        self._progress = ProgressWatch(
+            cfg.launch.no_progress, monitor.latest_step, step_at=time.time()
+        )
+        self._progress_read_at = 0.0
 
     def run(self) -> Outcome:
         import ray
@@ -140,6 +150,7 @@ class Supervisor:
                     self._on_returned(ref, self._running.pop(ref))
             self.monitor.poll()
             self._watch_reward_workers()
+            self._watch_progress()
             self._evaluate_when_due()
         if self._eval_ref is not None and self._stop_deadline is None:
             self._collect_eval(timeout=1800)
@@ -275,6 +286,16 @@ class Supervisor:
         if dead is not None and self.outcome.failure is None:
             self._fail(RunFailed(dead), consumer_lives=True)
 
+    def _watch_progress(self) -> None:
+        now = time.time()
+        if now - self._progress_read_at < PROGRESS_POLL_S or self._stop_deadline is not None:
+            return
+        self._progress_read_at = now
+        verdict = self._progress.verdict(self.monitor.latest_step, now, self.buffer.failure_log())
+        if verdict is not None and self.outcome.failure is None:
+            print("[zbrl] no progress: stopping the run", file=sys.stderr, flush=True)
+            self._fail(RunFailed(verdict), consumer_lives=True, announce=False)
+
     def _restart_producer(self, index: int, cause: str) -> None:
         since = time.time()
         self.outcome.producer_restarts += 1
@@ -308,10 +329,13 @@ class Supervisor:
         producer = self.workers.producers[index]
         self._running[producer.run.remote()] = name
 
-    def _fail(self, failure: RunFailed, consumer_lives: bool) -> None:
+    def _fail(self, failure: RunFailed, consumer_lives: bool, announce: bool = True) -> None:
+        """``announce``: print the error now (else only the command's final ``error:`` line
+        says it)."""
         if self.outcome.failure is None:
             self.outcome.failure = failure
-            print(f"[zbrl] error: {failure}", file=sys.stderr, flush=True)
+            if announce:
+                print(f"[zbrl] error: {failure}", file=sys.stderr, flush=True)
         if consumer_lives and self._stop_deadline is None:
             self._request_stop()  # the consumer saves a resumable checkpoint and returns
         elif not consumer_lives:

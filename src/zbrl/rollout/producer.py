@@ -390,6 +390,8 @@ class Producer:
             reward_timeouts=sum(r.timed_out for r in results),
             reward_failed=sum(r.failed for r in results),
             episode_failures=sum(c.failure is not None for c in completions),
+            failure=first_failure(completions, results)
+            or (TEACHER_FAILURE if teacher_failed else None),
             truncated=[ctx.truncated for ctx in contexts],
             policy_version=version,
             temperature=temperature,
@@ -418,6 +420,24 @@ def _teacher_tensors(
         t if t is not None else torch.full((int(c.token_ids.numel()),), float("nan"))
         for t, c in zip(teacher, completions, strict=True)
     ]
+
+
+TEACHER_FAILURE = (
+    "teacher_failed: the teacher's scoring call raised (the producer's log has its error)"
+)
+"""A group's failure when only the distillation teacher failed on it."""
+
+
+def first_failure(completions: list[EpisodeCompletion], results: list[RewardResult]) -> str | None:
+    """A group's first failure as ``kind: detail``: its first failed episode's, else its first
+    failed reward's (``reward_failed: <reason>``); None when nothing failed."""
+    failed = next((c.failure for c in completions if c.failure is not None), None)
+    if failed is not None:
+        return failed
+    reward = next((r for r in results if r.failed), None)
+    if reward is None:
+        return None
+    return f"reward_failed: {reward.metadata.get('reward_error', 'no reason given')}"
 
 
 def _token_versions(

@@ -73,6 +73,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from zbrl.algorithms.filters import group_in_accuracy_range
+from zbrl.transport.failure_log import FailureLog
 from zbrl.types import Reservation, RolloutGroup, TrainBatch
 
 _DROPPED = object()
@@ -180,6 +181,8 @@ class RolloutBuffer:
         # response length; reward timeouts and failures (counts)
         self._raw: list[RawGroup] = []
         self.stats = BufferStats()
+        self.failures = FailureLog()
+        """Failed groups per cause and the current streak (this buffer's life)."""
 
     # -- producers -----------------------------------------------------------------------------
 
@@ -227,6 +230,7 @@ class RolloutBuffer:
                 self._owners.pop(group.ticket, None)
                 self._account_raw(group)
                 reason = self._filter_reason(group)
+                self._log_failure(group, reason)
                 if reason is None:
                     self._slots[group.ticket] = group
                 else:
@@ -383,6 +387,11 @@ class RolloutBuffer:
             out["pending_groups"] = float(sum(v is None for v in self._slots.values()))
             return out
 
+    def failure_log(self) -> dict[str, Any]:
+        """:class:`~zbrl.transport.failure_log.FailureLog` as a dict (for the driver)."""
+        with self._cond:
+            return self.failures.as_dict()
+
     def producer_state(self, producer: int) -> dict[str, Any] | None:
         """The last resume point ``producer`` sent with a ``put`` (None before its first)."""
         with self._cond:
@@ -487,6 +496,12 @@ class RolloutBuffer:
             self.stats.groups_filtered_truncated += 1
             return "all_truncated"
         return None
+
+    def _log_failure(self, group: RolloutGroup, reason: str | None) -> None:
+        if reason in ("reward_failed", "failed_episodes", "teacher_failed"):
+            self.failures.failed(group.failure or f"{reason}: no message")
+        else:
+            self.failures.scored()
 
     def _account_raw(self, group: RolloutGroup) -> None:
         g = group.group_size

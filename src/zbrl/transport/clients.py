@@ -99,6 +99,9 @@ class BufferClient:
     def snapshot(self) -> dict[str, float]:
         return self.handle.call(RolloutBuffer.snapshot)
 
+    def failure_log(self) -> dict[str, Any]:
+        return self.handle.call(RolloutBuffer.failure_log)
+
 
 class WeightStoreClient:
     """The :class:`~zbrl.transport.weight_sync.object_store.WeightStore` and the object store its

@@ -20,10 +20,10 @@ from zbrl.rollout.endpoint.server import Endpoint, EndpointSettings
 
 
 def build_agent_environment(
-    cfg: EndpointEnvironment, tokenizer: Any, eos_ids: set[int]
+    cfg: EndpointEnvironment, tokenizer: Any, eos_ids: set[int], context_len: int | None
 ) -> AgentEnvironment:
     """The agent of ``cfg`` behind an endpoint over ``tokenizer``'s chat template (started on the
-    first episode)."""
+    first episode); ``context_len``: the backend's (a request past it is refused)."""
     run = build_agent(cfg)
     command = cfg.command if isinstance(cfg, AgentConfig) else None
     program = None
@@ -39,6 +39,8 @@ def build_agent_environment(
             batch_window_s=ep.batch_window_s,
             max_batch=ep.max_concurrency,
             request_timeout_s=ep.request_timeout_s,
+            context_len=context_len,
+            max_request_bytes=ep.max_request_bytes,
         ),
         model_name="policy",
     )

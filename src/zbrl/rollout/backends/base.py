@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
@@ -124,6 +124,9 @@ class InferenceBackend(Protocol):
 
     capabilities: ClassVar[BackendCapabilities]
     """What it can do: the ``capabilities`` of its config variant."""
+    context_len: int | None
+    """Longest prompt + completion it serves, in tokens (the engine's ``max_model_len``, or the
+    model config's positions); None: not known."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order, all sampled by the weights
@@ -146,3 +149,18 @@ class InferenceBackend(Protocol):
     def release_memory(self) -> None:
         """Free caches (KV cache, CUDA cache) between phases."""
         ...
+
+
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""Where transformers model configs give their number of positions."""
+
+
+def positions_of(config: Any) -> int | None:
+    """The number of positions a transformers model config declares (its ``text_config``'s for
+    a multimodal one); None when it declares none."""
+    for source in (config, getattr(config, "text_config", None)):
+        for name in POSITION_FIELDS:
+            value = getattr(source, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None

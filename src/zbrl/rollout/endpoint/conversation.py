@@ -225,6 +225,15 @@ class ConversationTokens:
         if answer is not None and self.messages is not None:
             self.messages.append(answer)
 
+    def mark(self) -> tuple[int, int, list[dict[str, Any]] | None, Any]:
+        """Where the episode is now, for :meth:`rollback`."""
+        return len(self.ids), self.prompt_len, self.messages, self.tools
+
+    def rollback(self, mark: tuple[int, int, list[dict[str, Any]] | None, Any]) -> None:
+        """Undo what a refused request appended since :meth:`mark`."""
+        n, self.prompt_len, self.messages, self.tools = mark
+        self.cut(n)
+
     def cut(self, n: int) -> None:
         """Drop everything after the first ``n`` ids (rendered tokens not to keep)."""
         del self.ids[n:], self.mask[n:], self.logprobs[n:], self.versions[n:]

@@ -48,7 +48,7 @@ def read_request(body: Any, *, chat: bool) -> Request:
         raise RequestError("the request body must be a JSON object")
     if not isinstance(body.get("stream", False), bool):
         raise RequestError("stream must be true or false")
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise RequestError("n must be 1 (one completion per request)")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)

@@ -27,10 +27,11 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from zbrl.config.environments import AgentEndpoint
 from zbrl.errors import RunError
 from zbrl.rollout.backends.base import SamplingParams
+from zbrl.rollout.endpoint import http_guard, limits, responses, streaming, validation
 from zbrl.rollout.endpoint import openai_api as api
-from zbrl.rollout.endpoint import responses, streaming
 from zbrl.rollout.endpoint.calls import CallQueue
 from zbrl.rollout.endpoint.conversation import ConversationTokens, Renderer
 
@@ -50,6 +51,14 @@ class EndpointSettings:
     """Calls per backend batch at most (the concurrency bound)."""
     request_timeout_s: float
     """Longest a request waits for its completion before it is answered 504."""
+    context_len: int | None = None
+    """The model's context (prompt + completion tokens); a request past it is refused 400
+    ``context_length_exceeded`` before the model runs (:mod:`.limits`). None: unchecked."""
+    max_request_bytes: int = AgentEndpoint.model_fields["max_request_bytes"].default
+    """A body larger than this is refused 413 before it is read (:mod:`.http_guard`)."""
+    api_key: str | None = None
+    """``zbrl serve --api-key``: every request must carry it (else 401). None: any key is
+    accepted (a run's endpoint checks episode keys instead)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,7 @@ class Endpoint:
         self._episodes: dict[str, _Open] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._longest_token = limits.longest_token_chars(renderer.tokenizer)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -156,6 +166,8 @@ class Endpoint:
         asked = responses.read_responses_request(body) if path.endswith("/responses") else None
         if not chat and asked is None and not path.endswith("/completions"):
             raise api.RequestError(f"no such endpoint: {path}", status=404, code="not_found")
+        if asked is None:
+            validation.check_body(body, chat=chat)
         request = api.read_request(body, chat=chat) if asked is None else None
         episode = self._episode(key)
         tokens = episode.tokens if episode else ConversationTokens(self.renderer)
@@ -213,6 +225,9 @@ class Endpoint:
         if episode is not None and tokens.calls_made() >= episode.budget.max_calls:
             return self._end(tokens, "turn_limit", chat)
         before = len(tokens.ids)
+        if not before:  # a conversation's first request: refuse a huge one before rendering it
+            limits.check_size_bound(request, self.settings.context_len, self._longest_token)
+        mark = tokens.mark()
         if chat:
             assert request.messages is not None
             context = tokens.chat_context(request.messages, request.tools)
@@ -222,7 +237,15 @@ class Endpoint:
         if episode is not None and tokens.tokens_used() >= episode.budget.max_total_tokens:
             tokens.cut(before)  # the message that leaves no room is not part of the episode
             return self._end(tokens, "token_limit", chat)
+        try:
+            limits.check_context(len(context), request.max_tokens, self.settings.context_len)
+        except api.RequestError:
+            tokens.rollback(mark)  # refused: the episode is as it was before the request
+            raise
         params = self._params(request, tokens, episode)
+        room = limits.room(len(context), self.settings.context_len)
+        if room is not None:
+            params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
         generated = self.queue.submit(context, params).result(
             timeout=self.settings.request_timeout_s
         )
@@ -243,7 +266,9 @@ class Endpoint:
         """A ``/v1/responses`` request, completed on the chat path."""
         history = responses.history_of(tokens.responses, asked.previous_response_id)
         conversation = history + asked.items
-        request = api.read_request(asked.chat_body(history), chat=True)
+        body = asked.chat_body(history)
+        validation.check_body(body, chat=True)
+        request = api.read_request(body, chat=True)
         chat = self._complete(request, tokens, episode, True)
         response = responses.response_object(chat, asked)
         tokens.responses[response["id"]] = [*conversation, responses.answered_message(chat)]
@@ -272,7 +297,7 @@ class Endpoint:
                 temperature=(
                     self.serve_params.temperature
                     if request.temperature is None
-                    else float(request.temperature)
+                    else float(request.temperature)  # a number: validation.check_body
                 ),
                 top_p=self.serve_params.top_p if request.top_p is None else float(request.top_p),
             )
@@ -296,6 +321,11 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
+            try:
+                http_guard.check_key(endpoint.settings.api_key, _bearer(self.headers))
+            except api.RequestError as e:
+                self._send(None, e.status, api.error_body(str(e), e.code))
+                return
             if self.path.rstrip("/").endswith("/models"):
                 self._send(None, 200, api.models_response(endpoint.model_name))
             else:
@@ -303,15 +333,30 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self._send(None, 404, body)
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            auth = self.headers.get("Authorization") or ""
-            bearer = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            try:
+                self._post()
+            except Exception:  # zbrl's own fault: answered 500 once, logged once
+                logger.exception("endpoint: %s failed", self.path)
+                self.close_connection = True
+                self._send(None, 500, api.error_body("internal error (logged)", "server_error"))
+
+        def _post(self) -> None:
+            bearer = _bearer(self.headers)
             key = self.headers.get(api.EPISODE_HEADER) or bearer
+            try:
+                http_guard.check_key(endpoint.settings.api_key, bearer)
+                length = http_guard.content_length(
+                    self.headers, endpoint.settings.max_request_bytes
+                )
+            except api.RequestError as e:  # the body is not read: the connection cannot go on
+                self.close_connection = True
+                self._send(key, e.status, api.error_body(str(e), e.code))
+                return
+            raw = self.rfile.read(length)
             body = None
             try:
                 body = json.loads(raw or b"null")
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 status, payload = 400, api.error_body(f"the body is not JSON: {e}", "invalid_json")
             else:
                 status, payload = self._answer(key, body)
@@ -329,8 +374,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 return e.status, api.error_body(str(e), e.code)
             except TimeoutError:
                 return 504, api.error_body("the completion timed out", "timeout")
-            except Exception as e:  # a failing backend answers 500, never kills the server
-                logger.exception("endpoint request failed")
+            except Exception as e:  # zbrl's own fault (a failing backend): 500, logged once
+                logger.exception("endpoint: %s failed", self.path)
                 return 500, api.error_body(f"{type(e).__name__}: {e}", "server_error")
 
         def _send(self, key: str | None, status: int, payload: dict[str, Any]) -> None:
@@ -341,6 +386,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
             except ConnectionError as e:  # the client left before its answer (an agent gave up)
@@ -351,3 +398,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             logger.debug("endpoint: " + format, *args)
 
     return Handler
+
+
+def _bearer(headers: Any) -> str | None:
+    auth = headers.get("Authorization") or ""
+    return auth[len("Bearer ") :] if auth.startswith("Bearer ") else None

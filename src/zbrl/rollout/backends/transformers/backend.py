@@ -13,7 +13,7 @@ from zbrl.config.rollout import TransformersBackend as TransformersOptions
 from zbrl.models.forward import score_rows
 from zbrl.models.kv_cache import cache_argument, left_pad, prompt_head_cache, repeat_cache_rows
 from zbrl.models.moe import forward_kwargs
-from zbrl.rollout.backends.base import Completion, SamplingParams, grouped
+from zbrl.rollout.backends.base import Completion, SamplingParams, grouped, positions_of
 from zbrl.rollout.backends.transformers.fast_decode import FastDecoder, unsupported
 from zbrl.rollout.backends.transformers.inflight import ChunkedGeneration
 from zbrl.rollout.backends.transformers.responses import ResponseRule, sampled_logprobs
@@ -57,6 +57,7 @@ class TransformersBackend:
         fast_decode: bool = True,
     ) -> None:
         self.model = model.to(device).eval()
+        self.context_len = positions_of(model.config)
         self.merger = merger
         self.tokenizer = tokenizer
         self.device = torch.device(device)

@@ -150,6 +150,7 @@ class VllmBackend:
         _quiet_reload_logs()  # after the engine's own logging set-up, which resets these levels
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
+        self.context_len: int | None = self.llm.llm_engine.model_config.max_model_len
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.adapters = lora
         if isinstance(lora, AdapterSpec):  # in-flight: running requests follow each version
