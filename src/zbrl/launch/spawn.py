@@ -199,6 +199,7 @@ class Spawner:
                 self._trainer_state,
                 self.group,
                 self.head_files,
+                prompts=self.prompts_ref,
             )
         )
 

@@ -250,13 +250,16 @@ class ConsumerRole:
         trainer_state: str | None,
         group: GroupSpec | None = None,
         head_files: Any = None,
+        prompts: list[EncodedPrompt] | None = None,
     ) -> None:
         """``model``: the policy's weights (a checkpoint when resuming); ``reference``: the
         frozen reference's (the base model); ``trainer_state``: a checkpoint's consumer state
         file to continue from (inside ``model``, as the driver's node has it); ``group``: the
         data-parallel group this consumer joins as rank ``index`` (None for one consumer);
         ``head_files``: the actor that takes this consumer's checkpoints and uid log when it runs
-        on another node than the driver's (None on a single node)."""
+        on another node than the driver's (None on a single node); ``prompts``: the training
+        prompts, for its own generation while it waits (``rollout.consumers_generate``; None:
+        it never generates)."""
         from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
@@ -299,6 +302,9 @@ class ConsumerRole:
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
             lending=_lending(cfg),
             mirror=head_mirror(head_files, model.driver_node, local_run_dir),
+            generation=_consumer_generation(
+                cfg, index, trainer, tokenizer, prompts, buffer, self.recorder, timer
+            ),
         )
         if trainer_state is not None:
             with timer.part("trainer_state"):
@@ -312,6 +318,41 @@ class ConsumerRole:
 
     def run(self):
         return _run_role(self.consumer.run, self.publisher.close, self.recorder, self.hub)
+
+
+def _consumer_generation(
+    cfg: RunConfig,
+    rank: int,
+    trainer: Any,
+    tokenizer: Any,
+    prompts: list[EncodedPrompt] | None,
+    buffer: Any,
+    recorder: SpanRecorder,
+    timer: StartupTimer,
+) -> Any:
+    """The consumer's own generation (:mod:`zbrl.assembly.consumer_generation`), or None: its
+    reward scores in this process, and its buffer client has no node (never a parked
+    producer)."""
+    from zbrl.assembly.consumer_generation import (
+        build_consumer_generation,
+        consumer_generation_mode,
+    )
+
+    if prompts is None or consumer_generation_mode(cfg) == "off":
+        return None
+    with timer.part("generation"):
+        reward_fn = build_reward_fn(cfg)
+        prepare_reward(reward_fn)
+        return build_consumer_generation(
+            cfg,
+            rank,
+            trainer.engine.policy,
+            tokenizer,
+            prompts,
+            reward_fn,
+            BufferClient(RayHandle(buffer)),
+            recorder,
+        )
 
 
 class EvaluatorRole:
