@@ -187,6 +187,14 @@ class RolloutConfig(Section):
     it checks for its next step between batches, so one batch is the longest it can make its
     step wait."""
 
+    @field_validator("consumers_generate", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        """YAML reads a bare ``on``/``off`` as a boolean: take it as the word."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
     @field_validator("backend", mode="before")
     @classmethod
     def _backend_shorthand(cls, value: Any) -> Any:
