@@ -83,11 +83,7 @@ def build_consumer_generation(
         stream=f"c{rank}",
         resume_in_buffer=False,
     )
-    planner = OnlinePlanner(
-        mode,  # type: ignore[arg-type]
-        batch_groups=cfg.training.train_batch_size,
-        generate_batch_groups=prompts_per_batch,
-    )
+    planner = OnlinePlanner(mode, batch_groups=cfg.training.train_batch_size)  # type: ignore[arg-type]
     dtype = inference_dtype(cfg)
     return ConsumerGeneration(
         producer,

@@ -5,12 +5,14 @@ that deliver ``r_p`` groups per second, takes a step every ``max(T, B / r_p)`` s
 ``1 - T / step`` of the time. If it generates ``r_c`` groups per second of its own whenever it
 would wait, the groups of a step come from both: ``B = r_p * step + r_c * (step - T)``, so
 
-    step_on = max(T, (B + r_c * T) / (r_p + r_c)) + overshoot
+    step_on = max(T, (B + r_c * T) / (r_p + r_c))
 
-where ``overshoot`` is the generation batch the consumer is in when its data arrives (it finishes
-the batch first: half a batch on average, ``k / (2 r_c)`` for batches of ``k`` groups). Generating
-pays when ``step_on`` is shorter than ``step_off``; with producers on GPUs (vLLM) and the consumer
-on the transformers backend, ``r_c`` is small and ``k / r_c`` long, which this counts.
+The generation batch a consumer is in when its data arrives delays that step, but its groups
+count for the next one, so it costs no throughput unless it makes producers wait for admission
+(the window fills while the consumer has not advanced), which the producers' rate measured while
+the consumer generates (``r_p`` on) shows. Generating pays when ``step_on`` is shorter than
+``step_off`` by more than :data:`MARGIN`; with producers on GPUs (vLLM) and the consumer on the
+transformers backend, ``r_c`` is small and so is the gain, which this counts.
 
 :class:`OnlinePlanner` feeds the model with the rates a consumer measures as it runs: its step
 time, the groups the producers delivered per second (measured separately over the steps it
@@ -51,8 +53,6 @@ class IdleRates:
     """The same while the consumer generates (None: not measured yet; the figure above)."""
     consumer_groups_per_s: float | None
     """Groups the consumer makes per second of its own generation (None: not measured yet)."""
-    generate_batch_groups: int
-    """Groups per generation batch of the consumer (``k``)."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,7 @@ def predict(rates: IdleRates) -> IdlePrediction:
     if r_c is None or r_c <= 0:
         return IdlePrediction(step_off, idle_off, None, None)
     r_p_on = r_p if rates.producer_groups_per_s_on is None else rates.producer_groups_per_s_on
-    overshoot = rates.generate_batch_groups / (2.0 * r_c)
-    step_on = max(t, (b + r_c * t) / (max(r_p_on, 0.0) + r_c)) + overshoot
+    step_on = max(t, (b + r_c * t) / (max(r_p_on, 0.0) + r_c))
     return IdlePrediction(step_off, idle_off, step_on, 0.0)
 
 
@@ -110,10 +109,9 @@ class OnlinePlanner:
     report); ``auto`` does not generate over the first :data:`WARMUP_STEPS` steps, then
     follows :attr:`IdlePrediction.generate`."""
 
-    def __init__(self, mode: Mode, batch_groups: int, generate_batch_groups: int) -> None:
+    def __init__(self, mode: Mode, batch_groups: int) -> None:
         self.mode = mode
         self.batch_groups = batch_groups
-        self.generate_batch_groups = generate_batch_groups
         self.steps = 0
         self._train = _Average()
         self._producers_off = _Average()
@@ -158,7 +156,6 @@ class OnlinePlanner:
             producer_groups_per_s=producers,
             producer_groups_per_s_on=self._producers_on.value,
             consumer_groups_per_s=self._consumer.value,
-            generate_batch_groups=self.generate_batch_groups,
         )
 
     def prediction(self) -> IdlePrediction | None:
