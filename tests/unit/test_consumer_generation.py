@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from zbrl.assembly.consumer_generation import build_consumer_generation, consumer_generation_mode
 from zbrl.config import load_config
 from zbrl.config.loader import ConfigError
-from zbrl.planning.idle_generation import WARMUP_STEPS, IdleRates, OnlinePlanner, predict
 from zbrl.rewards.base import BaseReward, RewardResult
+from zbrl.rollout.idle_planner import WARMUP_STEPS, IdleRates, OnlinePlanner, predict
 from zbrl.telemetry.spans import GENERATE, WAIT_FOR_DATA, SpanRecorder
 from zbrl.training import consumer as consumer_module
 from zbrl.training.consumer import Consumer

@@ -14,9 +14,9 @@ from zbrl.assembly.settings import producer_settings
 from zbrl.config import RunConfig
 from zbrl.config.checks import consumer_generation_refused
 from zbrl.data.sampler import ShardedSampler
-from zbrl.planning.idle_generation import OnlinePlanner
 from zbrl.rewards.base import RewardFunction
 from zbrl.rollout.consumer_generation import STREAM_SEED, ConsumerGeneration, CurrentWeights
+from zbrl.rollout.idle_planner import OnlinePlanner
 from zbrl.rollout.producer import Producer
 from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.clients import BufferClient

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from zbrl.planning.idle_generation import OnlinePlanner
+from zbrl.rollout.idle_planner import OnlinePlanner
 from zbrl.rollout.producer import Producer
 from zbrl.types import RolloutGroup
 

@@ -18,8 +18,9 @@ transformers backend, ``r_c`` is small and so is the gain, which this counts.
 time, the groups the producers delivered per second (measured separately over the steps it
 generated and the steps it did not, so that cores the two share are counted: on a shared CPU a
 generating consumer slows the producers, and the rate it measures then says so) and its own
-generation rate. Pure Python: the consumer (:mod:`zbrl.training.consumer`) and tests use it
-directly.
+generation rate. Pure Python, here rather than in :mod:`zbrl.planning` (which stands above
+``assembly``) because a consumer's own generation (:mod:`zbrl.rollout.consumer_generation`)
+runs it; it is the steady state of the pipeline that ``zbrl plan`` simulates event by event.
 """
 
 from __future__ import annotations
