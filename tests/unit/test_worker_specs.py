@@ -21,7 +21,7 @@ def _shipped() -> ShippedDir:
 def test_each_shell_takes_its_spec_by_type() -> None:
     expected = {
         workers.ProducerWorker: ["spec", "prompts"],
-        workers.ConsumerWorker: ["spec"],
+        workers.ConsumerWorker: ["spec", "prompts"],
         workers.EvaluatorWorker: ["spec"],
     }
     for shell, params in expected.items():

@@ -248,6 +248,30 @@ def check_lora(cfg: RunSections) -> None:
         )
 
 
+def consumer_generation_refused(cfg: RunSections) -> str | None:
+    """Why an idle consumer cannot generate in this run (None: it can). It generates on its own
+    policy module: an fsdp2 consumer holds a shard of it (every forward would be a collective
+    the ranks' differing generations could not pair up), and a LoRA policy is a peft wrapper
+    the transformers backend does not decode."""
+    if cfg.training.engine.type == "fsdp2":
+        return "training.engine=fsdp2 shards the policy over the consumers"
+    if cfg.model.lora is not None:
+        return "model.lora trains adapters on a peft wrapper of the policy"
+    return None
+
+
+def check_consumers_generate(cfg: RunSections) -> None:
+    """``rollout.consumers_generate=on`` where a consumer can generate (``auto`` turns itself off
+    where it cannot)."""
+    reason = consumer_generation_refused(cfg)
+    if cfg.rollout.consumers_generate == "on" and reason is not None:
+        raise ValueError(
+            f"rollout.consumers_generate=on cannot run here: {reason}; set "
+            "rollout.consumers_generate=auto (off where it cannot run) or off, or use "
+            "training.engine=single or ddp without model.lora"
+        )
+
+
 def check_packing(cfg: RunSections) -> None:
     """The packed layout runs the policy (and reference) models on block-masked packed rows."""
     t = cfg.training
@@ -549,6 +573,7 @@ RUN_CHECKS: tuple[Callable[[RunSections], None], ...] = (
     check_topology,
     check_engine,
     check_lora,
+    check_consumers_generate,
     check_packing,
     check_model_len,
     check_evaluator_placement,

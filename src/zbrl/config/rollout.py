@@ -187,6 +187,27 @@ class RolloutConfig(Section):
     the training compute dtype. The one place a quantized rollout would go. See
     docs/precision.md."""
 
+    consumers_generate: Literal["auto", "on", "off"] = "off"
+    """Idle consumers generate (docs/planning.md, Idle consumers generate): when the buffer
+    cannot fill a consumer's next step, the consumer generates groups itself with its own
+    (newest) weights through the same rollout path, on the transformers backend over its own
+    model (no second copy of the weights), and hands them to the buffer under the same admission
+    rule; it stops as soon as the next step can be taken. ``on``: whenever it waits; ``auto``:
+    when the online planner predicts that it shortens the step, from the rates the run measures;
+    ``off``: never. Needs ``training.engine`` single or ddp, and no ``model.lora``."""
+    consumer_generate_prompts: int = Field(default=1, ge=1)
+    """Prompts (each ``num_generations`` completions) per generation batch of an idle consumer:
+    it checks for its next step between batches, so one batch is the longest it can make its
+    step wait."""
+
+    @field_validator("consumers_generate", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        """YAML reads a bare ``on``/``off`` as a boolean: take it as the word."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
     @field_validator("backend", mode="before")
     @classmethod
     def _backend_shorthand(cls, value: Any) -> Any:

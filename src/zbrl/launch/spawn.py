@@ -191,7 +191,7 @@ class Spawner:
         return (
             ray.remote(ConsumerWorker)
             .options(**self.placement.consumer_options(index))
-            .remote(spec)
+            .remote(spec, self.prompts_ref)
         )
 
     def evaluator(self) -> Any | None:

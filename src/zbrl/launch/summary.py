@@ -72,6 +72,34 @@ def build_summary(
         "reward_failed_responses_trained": int(buffer_stats["responses_reward_failed_trained"]),
         "eval_initial": initial,
         "eval_final": final,
+        "consumer_generation": consumer_generation_summary(monitor.step_metrics),
+    }
+
+
+def consumer_generation_summary(step_metrics: dict[int, dict[str, float]]) -> dict | None:
+    """What idle consumers generated (``rollout.consumers_generate``; None when they could
+    not): ``groups_generated`` (by rank 0), ``groups_trained`` (made by any consumer),
+    ``steps_generating``, and ``planned_consumer_idle``: the online planner's predicted idle
+    share of the mode each step ran in, averaged over the steps it predicted (to read beside
+    the measured ``consumer_idle_frac``), with its last ``planned_*`` figures."""
+    steps = [m for _, m in sorted(step_metrics.items()) if "consumer_generated_groups" in m]
+    if not steps:
+        return None
+    planned = [
+        m["planned_consumer_idle_on"]
+        if m["consumer_generating"]
+        else m["planned_consumer_idle_off"]
+        for m in steps
+        if "planned_consumer_idle_off" in m
+        and (not m["consumer_generating"] or "planned_consumer_idle_on" in m)
+    ]
+    last = next((m for m in reversed(steps) if "planned_step_s_off" in m), {})
+    return {
+        "groups_generated": int(sum(m["consumer_generated_groups"] for m in steps)),
+        "groups_trained": int(sum(m["consumer_trained_groups"] for m in steps)),
+        "steps_generating": int(sum(m["consumer_generating"] for m in steps)),
+        "planned_consumer_idle": sum(planned) / len(planned) if planned else None,
+        **{k: v for k, v in last.items() if k.startswith("planned_")},
     }
 
 

@@ -219,8 +219,10 @@ class ConsumerRole:
     """A Consumer (policy, optional frozen reference, optimizer) in its own process; with
     ``spec.group``, rank ``spec.index`` of the consumers' data-parallel process group."""
 
-    def __init__(self, spec: ConsumerSpec) -> None:
-        """``spec``: :class:`zbrl.launch.worker_specs.ConsumerSpec`."""
+    def __init__(self, spec: ConsumerSpec, prompts: list[EncodedPrompt] | None = None) -> None:
+        """``spec``: :class:`zbrl.launch.worker_specs.ConsumerSpec`; ``prompts``: the training
+        prompts, for its own generation while it waits (``rollout.consumers_generate``; None:
+        it never generates)."""
         from zbrl.training.checkpoint import load_state
         from zbrl.training.consumer import Consumer
 
@@ -265,6 +267,9 @@ class ConsumerRole:
             on_rollouts=lambda step, recs: self.hub.add_event("rollouts", recs),
             lending=_lending(cfg),
             mirror=head_mirror(spec.head_files, spec.model.driver_node, local_run_dir),
+            generation=_consumer_generation(
+                cfg, spec.index, trainer, tokenizer, prompts, spec.buffer, self.recorder, timer
+            ),
         )
         if spec.trainer_state is not None:
             with timer.part("trainer_state"):
@@ -278,6 +283,41 @@ class ConsumerRole:
 
     def run(self):
         return _run_role(self.consumer.run, self.publisher.close, self.recorder, self.hub)
+
+
+def _consumer_generation(
+    cfg: RunConfig,
+    rank: int,
+    trainer: Any,
+    tokenizer: Any,
+    prompts: list[EncodedPrompt] | None,
+    buffer: Any,
+    recorder: SpanRecorder,
+    timer: StartupTimer,
+) -> Any:
+    """The consumer's own generation (:mod:`zbrl.assembly.consumer_generation`), or None: its
+    reward scores in this process, and its buffer client has no node (never a parked
+    producer)."""
+    from zbrl.assembly.consumer_generation import (
+        build_consumer_generation,
+        consumer_generation_mode,
+    )
+
+    if prompts is None or consumer_generation_mode(cfg) == "off":
+        return None
+    with timer.part("generation"):
+        reward_fn = build_reward_fn(cfg)
+        prepare_reward(reward_fn)
+        return build_consumer_generation(
+            cfg,
+            rank,
+            trainer.engine.policy,
+            tokenizer,
+            prompts,
+            reward_fn,
+            BufferClient(RayHandle(buffer)),
+            recorder,
+        )
 
 
 class EvaluatorRole:

@@ -37,10 +37,10 @@ class ConsumerWorker:
     """A Consumer in its own process (:class:`zbrl.launch.worker_roles.ConsumerRole`, which
     documents the arguments)."""
 
-    def __init__(self, spec: ConsumerSpec) -> None:
+    def __init__(self, spec: ConsumerSpec, prompts: list[EncodedPrompt] | None = None) -> None:
         from zbrl.launch.worker_roles import ConsumerRole
 
-        self.role = ConsumerRole(spec)
+        self.role = ConsumerRole(spec, prompts)
 
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (node id, address, host, pid)."""

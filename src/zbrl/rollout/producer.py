@@ -79,7 +79,8 @@ class ProducerSettings:
     sampling: SamplingParams
     inference_batch_size: int
     inference_microbatch_size: int
-    num_epochs: int
+    num_epochs: int | None
+    """Epochs over the prompts (None: forever)."""
     seed: int
     shuffle: bool
     final_temperature: float | None
@@ -126,15 +127,25 @@ class Producer:
         recorder: SpanRecorder,
         episodes: EpisodeRunner,
         teacher: Teacher | None = None,
+        *,
+        sampler: ShardedSampler | None = None,
+        stream: str = "",
+        resume_in_buffer: bool = True,
     ) -> None:
         """``episodes``: runs and scores the episodes (single-turn: ``single_turn_episodes``
         of :mod:`zbrl.rollout.single_turn`); their model turns are generated on ``backend``.
         ``teacher``: the distillation teacher (None: loaded from ``settings.teacher`` when it
-        is set)."""
+        is set). ``sampler``: the prompt stream (None: this producer's shard of ``prompts``);
+        ``stream``: tags the group uids of that stream (``<prompt uid>@<stream>e<epoch>``; a
+        consumer that generates has a stream of its own, :mod:`zbrl.training.consumer`);
+        ``resume_in_buffer``: send the resume point with each ``put`` (False: whoever runs this
+        producer keeps its state, as that consumer does in its checkpoints)."""
         self.settings = settings
         if teacher is None and settings.teacher is not None:
             teacher = load_teacher(settings.teacher)
         self.teacher = teacher
+        self.stream = stream
+        self.resume_in_buffer = resume_in_buffer
         self.episodes = episodes
         self.prompts = prompts
         self.backend = backend
@@ -142,7 +153,7 @@ class Producer:
         self.buffer = buffer
         self.receiver = receiver
         self.recorder = recorder
-        self.sampler = ShardedSampler(
+        self.sampler = sampler or ShardedSampler(
             len(prompts),
             num_shards=settings.num_producers,
             shard_index=settings.index,
@@ -177,6 +188,25 @@ class Producer:
         reservation = self._reserve()
         if reservation is None:
             return False
+        return self._fill(reservation)
+
+    def try_step(self, n: int) -> int | None:
+        """One generation batch of at most ``n`` prompts if admission has room now (it does not
+        wait): the groups pushed (0: no room), None when the buffer is closed or stopping or
+        the prompt stream ended."""
+        reservation = self.buffer.reserve(self.settings.index, n, 0.0)
+        if reservation is None:
+            return None
+        if not reservation.tickets:
+            return 0
+        before = self.groups_pushed
+        if not self._fill(reservation):
+            return None
+        return self.groups_pushed - before
+
+    def _fill(self, reservation: Reservation) -> bool:
+        """Generate, score and push the groups of ``reservation`` (releasing the tickets the
+        prompt stream cannot fill); False when it had no prompt left."""
         batch = self._next_prompts(len(reservation.tickets))
         if len(batch) < len(reservation.tickets):
             self.buffer.release(reservation.tickets[len(batch) :])
@@ -193,7 +223,8 @@ class Producer:
         self.groups_pushed += len(groups)
         self.samples_pushed += sum(g.group_size for g in groups)
         with self.recorder.span(PUSH, groups=len(groups)):
-            self.buffer.put(groups, self.state())  # the resume point right after these groups
+            # the resume point right after these groups
+            self.buffer.put(groups, self.state() if self.resume_in_buffer else None)
         return True
 
     # -- resume ----------------------------------------------------------------------------------
@@ -376,7 +407,7 @@ class Producer:
         if oldest:
             version = min(int(v.min()) for v in oldest)
         return RolloutGroup(
-            uid=f"{prompt.uid}@e{epoch}",
+            uid=f"{prompt.uid}@{self.stream}e{epoch}",
             prompt_ids=list(
                 prompt.prompt_ids
                 if completions[0].prompt_ids is None

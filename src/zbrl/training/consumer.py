@@ -77,6 +77,34 @@ class ThreadLending:
         return max(self.own, min(self.cap, self.own + parked * self.per_producer))
 
 
+class IdleGeneration(Protocol):
+    """A consumer's own generation while it waits for data (``rollout.consumers_generate``;
+    :class:`zbrl.rollout.consumer_generation.ConsumerGeneration`)."""
+
+    @property
+    def producer_index(self) -> int:
+        """The producer id of the groups it makes."""
+        ...
+
+    def wants(self) -> bool:
+        """Whether to generate while waiting for the next step (its planner's decision)."""
+        ...
+
+    def generate(self, version: int) -> bool:
+        """One small generation batch with the weights of ``version``; True when it made
+        groups (False: admission had no room, or it ended)."""
+        ...
+
+    def step_done(self, train_s: float, step_s: float, groups: list[Any]) -> dict[str, float]:
+        """A step trained ``groups`` in ``train_s`` of its ``step_s`` seconds (from the previous
+        step's end); its generation metrics."""
+        ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class ConsumerResult:
     """What a consumer reports when it stops."""
@@ -106,9 +134,11 @@ class Consumer:
         on_rollouts: Callable[[int, list[dict[str, Any]]], None] | None = None,
         lending: ThreadLending | None = None,
         mirror: RunFileMirror | None = None,
+        generation: IdleGeneration | None = None,
     ) -> None:
         """``lending``: borrow parked producers' cores for a step (None: never); ``mirror``:
-        copies each checkpoint and uid-log line elsewhere once written (None: nowhere)."""
+        copies each checkpoint and uid-log line elsewhere once written (None: nowhere);
+        ``generation``: generate while the buffer cannot fill the next step (None: never)."""
         self.settings = settings
         self.trainer = trainer
         self.buffer = buffer
@@ -119,6 +149,8 @@ class Consumer:
         self.on_rollouts = on_rollouts
         self.lending = lending
         self.mirror = mirror
+        self.generation = generation
+        self._step_end: float | None = None
         self.version = 0
         self.groups_trained = 0
         self.samples_trained = 0
@@ -153,18 +185,51 @@ class Consumer:
         return self.trainer.engine.rank
 
     def _wait_for_batch(self) -> tuple[str, TrainBatch | None]:
-        engine = self.trainer.engine
+        if self.generation is not None:
+            return self._wait_generating(self.generation)
         with self.recorder.span(WAIT_FOR_DATA, step=self.version):
-            while True:
-                status, batch = self.buffer.take(
-                    self.settings.groups_per_step,
-                    POLL_TIMEOUT_S,
-                    self.version,
-                    engine.rank,
-                    engine.world_size,
+            return self._take_blocking()
+
+    def _take(self, timeout: float) -> tuple[str, TrainBatch | None]:
+        engine = self.trainer.engine
+        return self.buffer.take(
+            self.settings.groups_per_step, timeout, self.version, engine.rank, engine.world_size
+        )
+
+    def _take_blocking(self) -> tuple[str, TrainBatch | None]:
+        while True:
+            status, batch = self._take(POLL_TIMEOUT_S)
+            if status != "timeout":
+                return status, batch
+
+    def _wait_generating(self, generation: IdleGeneration) -> tuple[str, TrainBatch | None]:
+        """Wait for the next step's batch, generating while it cannot be taken and the planner
+        says so: look (without waiting) → generate one small batch → look again; the looks are
+        idle time, the generation is not. After a batch that made nothing (admission had no
+        room) the next look waits as a plain take does. Data-parallel ranks decide together:
+        after each look every rank joins one all-reduce of (this rank has the step's batch,
+        rank 0's decision), so every rank computes the same answer: all generate or none does,
+        and all stop at the same look."""
+        engine = self.trainer.engine
+        made = True
+        while True:
+            want = generation.wants()
+            timeout = 0.0 if want and made else POLL_TIMEOUT_S
+            with self.recorder.span(WAIT_FOR_DATA, step=self.version):
+                status, batch = self._take(timeout)
+            if engine.world_size > 1:
+                ready, rank0_wants = engine.all_reduce(
+                    [float(status != "timeout"), float(want and engine.rank == 0)], "max"
                 )
-                if status != "timeout":
+                if ready:  # some rank has the step's batch: it is popped and shared, take it
+                    if status == "timeout":
+                        with self.recorder.span(WAIT_FOR_DATA, step=self.version):
+                            status, batch = self._take_blocking()
                     return status, batch
+                want = bool(rank0_wants)
+            elif status != "timeout":
+                return status, batch
+            made = want and generation.generate(self.version)
 
     def _train(self, batch: TrainBatch) -> None:
         start = time.time()
@@ -190,6 +255,11 @@ class Consumer:
         self._log_uids(batch)
         if self.settings.save_interval and self.version % self.settings.save_interval == 0:
             self._save()
+        if self.generation is not None:
+            now = time.time()
+            step_s = now - (self._step_end if self._step_end is not None else start)
+            metrics.update(self.generation.step_done(now - start, step_s, batch.groups))
+            self._step_end = now
         if self.rank != 0:
             return  # rank 0 reports the step (its metrics are the whole step's)
         metrics.update(_batch_metrics(batch, self.version - 1, train_s))
@@ -279,7 +349,8 @@ class Consumer:
         (policy version = steps done), the counters ``groups_trained``, ``samples_trained`` and
         ``partial_batches``, ``rng`` (this process's generators) and ``engine`` (the engine's
         ``state_dict`` without the policy weights, which the checkpoint holds in Hugging Face
-        format: optimizer, LR schedule, step count). Take it between steps."""
+        format: optimizer, LR schedule, step count) and ``generation`` (its own generation's
+        prompt stream, :meth:`IdleGeneration.state`; None without it). Take it between steps."""
         engine = self.trainer.engine.state_dict()
         engine.pop("policy", None)
         return {
@@ -289,6 +360,7 @@ class Consumer:
             "partial_batches": self.partial_batches,
             "rng": rng_state(),
             "engine": engine,
+            "generation": None if self.generation is None else self.generation.state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -299,6 +371,8 @@ class Consumer:
         self.groups_trained = state["groups_trained"]
         self.samples_trained = state["samples_trained"]
         self.partial_batches = state["partial_batches"]
+        if self.generation is not None and state.get("generation") is not None:
+            self.generation.load_state(state["generation"])  # (before the RNG: it sets it too)
         set_rng_state(state["rng"])
 
 
