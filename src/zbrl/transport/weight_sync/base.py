@@ -154,3 +154,10 @@ class BackgroundSender:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"{self.failure} failed: {self._error!r}") from self._error
+
+    def _keep_error(self, exc: BaseException) -> None:
+        """Keep ``exc`` as the sender's error (raised by the next publish or flush) and wake
+        every waiter."""
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()

@@ -282,9 +282,7 @@ class BroadcastPublisher(BackgroundSender):
         try:
             self._loop()
         except BaseException as exc:  # surfaced on the next publish/flush
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            self._keep_error(exc)
 
     def _loop(self) -> None:
         group: Collective | None = None
@@ -475,9 +473,7 @@ class BroadcastReceiver(ObjectStoreReceiver):
                 finally:
                     group.close()
         except BaseException as exc:
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            self._keep_error(exc)
 
     def _join(self, info: GroupInfo) -> Collective | None:
         s = self._s

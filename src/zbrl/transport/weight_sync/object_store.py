@@ -125,9 +125,7 @@ class ObjectStorePublisher(BackgroundSender):
 
     def _failed(self, exc: Exception) -> RuntimeError:
         """Keep ``exc`` as the publisher's error; returns the error to raise."""
-        with self._cond:
-            self._error = exc
-            self._cond.notify_all()
+        self._keep_error(exc)
         return RuntimeError(f"{self.failure} failed: {exc!r}")
 
     def flush(self, timeout: float = 120.0) -> None:
@@ -256,10 +254,15 @@ class ObjectStoreReceiver:
             try:
                 self._fetch_newer()
             except BaseException as exc:
-                with self._cond:
-                    self._error = exc
-                    self._cond.notify_all()
+                self._keep_error(exc)
                 return
+
+    def _keep_error(self, exc: BaseException) -> None:
+        """Keep ``exc`` as the receiver's error (raised by the next call) and wake every
+        waiter."""
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
 
     def _fetch_newer(self) -> None:
         """Long-poll the store (at most ``poll_interval_s`` per call; the announcement comes
