@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # recipes/ lives at the repository root (docs/architecture.md, Layout and import rules); zbrl is
@@ -53,6 +54,16 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     print(f"[zbrl] resuming from {checkpoint.path} (step {checkpoint.version})", flush=True)
     _print_finished(run_training(cfg, resume=checkpoint, clock=clock))
     return 0
+
+
+def _add_run_options(
+    p: argparse.ArgumentParser, overrides_help: str, func: Callable[[argparse.Namespace], int]
+) -> None:
+    """What every command that starts a run takes after its own positional argument: dotted
+    overrides and ``--ray-address``."""
+    p.add_argument("overrides", nargs="*", help=overrides_help)
+    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
+    p.set_defaults(func=func)
 
 
 def _print_finished(summary: dict) -> None:
@@ -117,9 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run RL training from a recipe")
     p.add_argument("recipe", help="YAML recipe")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=1e-5")
-    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
-    p.set_defaults(func=_cmd_train)
+    _add_run_options(p, "dotted overrides, e.g. algorithm.lr=1e-5", _cmd_train)
 
     p = sub.add_parser(
         "resume",
@@ -128,14 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
         "resume can honour (for example a higher training.max_steps).",
     )
     p.add_argument("run_dir", help="the run directory (holds config.yaml and checkpoints/)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.max_steps=600")
-    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
-    p.set_defaults(func=_cmd_resume)
+    _add_run_options(p, "dotted overrides, e.g. training.max_steps=600", _cmd_resume)
 
     p = sub.add_parser("demo", help="run the embedded CPU demo (recipes/demo.yaml)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides")
-    p.add_argument("--ray-address", default=None, help="connect to this Ray cluster")
-    p.set_defaults(func=_cmd_demo)
+    _add_run_options(p, "dotted overrides", _cmd_demo)
 
     p = sub.add_parser("report", help="print the busy/idle table and write report.png")
     p.add_argument("run_dir", help="a finished run directory")

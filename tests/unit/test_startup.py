@@ -263,7 +263,7 @@ print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
         (workers.EvaluatorWorker, worker_roles.EvaluatorRole),
     ):
         methods = {n for n in vars(role) if not n.startswith("_")}
-        assert methods == {n for n in vars(shell) if not n.startswith("_")}, shell
+        assert methods == {n for n in dir(shell) if not n.startswith("_")}, shell
 
 
 def cli_demo_recipe():

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -164,7 +164,8 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
     ``decoupled``, ``behav_prox_k3``.
     """
     _check_shapes(inputs)
-    valid_BT, logprobs_BT, advantages_BT = _prepared(inputs)
+    prepared = _prepared(inputs)
+    valid_BT, logprobs_BT, advantages_BT = prepared
     if cfg.correction in ("tis", "mis"):
         pg_BT, ratio_BT, stats = is_surrogate(
             logprobs_BT,
@@ -175,26 +176,13 @@ def ppo_clip(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutp
             level=cfg.correction_level,
             cap=cfg.correction_cap,
         )
-        dual_active_BT = torch.zeros_like(valid_BT)
-    else:
-        anchor_BT = _clip_anchor(inputs, cfg)
-        # Masked positions get log-ratio 0 so padding garbage (e.g. -inf) never reaches exp.
-        log_ratio_BT = torch.where(valid_BT, logprobs_BT - anchor_BT, 0.0)
-        ratio_BT = torch.exp(log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
-        pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, cfg)
-        pg_BT, stats = _behaviour_weighted(pg_BT, inputs, cfg, valid_BT)
-    return _penalised_loss(
-        inputs,
-        cfg,
-        norm,
-        valid_BT,
-        logprobs_BT,
-        ratio_BT,
-        advantages_BT,
-        dual_active_BT,
-        pg_BT,
-        stats,
-    )
+        no_dual_BT = torch.zeros_like(valid_BT)
+        return _penalised_loss(inputs, cfg, norm, prepared, ratio_BT, no_dual_BT, pg_BT, stats)
+    anchor_BT = _clip_anchor(inputs, cfg)
+    # Masked positions get log-ratio 0 so padding garbage (e.g. -inf) never reaches exp.
+    log_ratio_BT = torch.where(valid_BT, logprobs_BT - anchor_BT, 0.0)
+    ratio_BT = torch.exp(log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+    return _clipped_loss(inputs, cfg, norm, prepared, ratio_BT, clip=cfg)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -209,7 +197,8 @@ def gspo(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutputs:
             f"gspo clips its own sequence ratio; correction={cfg.correction!r} does not apply "
             "(use 'decoupled' or 'none')"
         )
-    valid_BT, logprobs_BT, advantages_BT = _prepared(inputs)
+    prepared = _prepared(inputs)
+    valid_BT, logprobs_BT, _ = prepared
     anchor_BT = _clip_anchor(inputs, cfg)
     log_ratio_BT = torch.where(valid_BT, logprobs_BT - anchor_BT, 0.0)
     count_B1 = valid_BT.sum(dim=1, keepdim=True).clamp_min(1)
@@ -219,36 +208,39 @@ def gspo(inputs: LossInputs, cfg: LossConfig, norm: Normalisers) -> LossOutputs:
     token_log_ratio_BT = torch.where(valid_BT, token_log_ratio_BT, 0.0)
     ratio_BT = torch.exp(token_log_ratio_BT.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
     no_dual = replace(cfg, dual_clip_c=None)
-    pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, no_dual)
+    return _clipped_loss(inputs, cfg, norm, prepared, ratio_BT, clip=no_dual)
+
+
+def _clipped_loss(
+    inputs: LossInputs,
+    cfg: LossConfig,
+    norm: Normalisers,
+    prepared: _Prepared,
+    ratio_BT: torch.Tensor,
+    *,
+    clip: LossConfig,
+) -> LossOutputs:
+    """The surrogate of ``ratio_BT`` clipped as ``clip`` says, weighted by the behaviour
+    correction of ``cfg``, with the KL and entropy terms (``ppo_clip`` and ``gspo``)."""
+    valid_BT, _, advantages_BT = prepared
+    pg_BT, dual_active_BT = _clipped_surrogate(ratio_BT, advantages_BT, valid_BT, clip)
     pg_BT, stats = _behaviour_weighted(pg_BT, inputs, cfg, valid_BT)
-    return _penalised_loss(
-        inputs,
-        cfg,
-        norm,
-        valid_BT,
-        logprobs_BT,
-        ratio_BT,
-        advantages_BT,
-        dual_active_BT,
-        pg_BT,
-        stats,
-    )
+    return _penalised_loss(inputs, cfg, norm, prepared, ratio_BT, dual_active_BT, pg_BT, stats)
 
 
 def _penalised_loss(
     inputs: LossInputs,
     cfg: LossConfig,
     norm: Normalisers,
-    valid_BT: torch.Tensor,
-    logprobs_BT: torch.Tensor,
+    prepared: _Prepared,
     ratio_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
     dual_active_BT: torch.Tensor,
     pg_BT: torch.Tensor,
     stats: WeightStats | None,
 ) -> LossOutputs:
     """The clipped surrogate ``pg_BT`` with the KL and entropy terms, aggregated, and the
     PPO-family metrics (shared by ``ppo_clip`` and ``gspo``)."""
+    valid_BT, logprobs_BT, advantages_BT = prepared
     loss_BT, kl_BT = _with_penalties(pg_BT, logprobs_BT, inputs, cfg, valid_BT)
     loss = aggregate(loss_BT, inputs.mask_BT, cfg.aggregation, norm)
     metrics = _ppo_metrics(
@@ -257,14 +249,24 @@ def _penalised_loss(
     return LossOutputs(loss=loss, metrics=metrics)
 
 
-def _prepared(inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class _Prepared(NamedTuple):
+    """A micro-batch's tensors as every PPO-family loss reads them."""
+
+    valid_BT: torch.Tensor
+    logprobs_BT: torch.Tensor
+    """float32."""
+    advantages_BT: torch.Tensor
+    """Detached float32, broadcast to [B, T]."""
+
+
+def _prepared(inputs: LossInputs) -> _Prepared:
     """(valid_BT, float32 logprobs_BT, detached float32 advantages_BT broadcast to [B, T])."""
     valid_BT = inputs.mask_BT != 0
     logprobs_BT = inputs.logprobs_BT.float()
     advantages_BT = inputs.advantages_B_or_BT.detach().float()
     if advantages_BT.dim() == 1:
         advantages_BT = advantages_BT.unsqueeze(1)
-    return valid_BT, logprobs_BT, advantages_BT.expand_as(logprobs_BT)
+    return _Prepared(valid_BT, logprobs_BT, advantages_BT.expand_as(logprobs_BT))
 
 
 def _clip_anchor(inputs: LossInputs, cfg: LossConfig) -> torch.Tensor:

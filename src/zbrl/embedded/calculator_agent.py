@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zbrl.environments.tool_calls import MalformedCall, parse_tags
+from zbrl.environments.tool_calls import MalformedCall, ParsedCall, parse_tags
 from zbrl.environments.tools import Calculator, call_tool
 
 CALCULATOR = Calculator()
@@ -31,16 +31,7 @@ async def solve(client: Any, example: dict[str, Any]) -> str:
         calls = parse_tags(text, TAGS)
         if not calls:
             return text
-        results = [
-            f"error: malformed tool call: {c.reason}"
-            if isinstance(c, MalformedCall)
-            else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
-            for c in calls
-        ]
-        messages += [
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": "\n".join(r.strip() for r in results)},
-        ]
+        messages += _tool_turn(text, calls)
     return text
 
 
@@ -60,22 +51,28 @@ async def solve_streaming_shortened(client: Any, example: dict[str, Any]) -> str
         calls = parse_tags(text, TAGS)
         if not calls:
             break
-        results = [
-            f"error: malformed tool call: {c.reason}"
-            if isinstance(c, MalformedCall)
-            else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
-            for c in calls
-        ]
-        messages += [
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": "\n".join(r.strip() for r in results)},
-        ]
+        messages += _tool_turn(text, calls)
     else:
         return text  # no answer within the turns: the last turn is scored as it is
     shortened = [_shortened(m) for m in messages]
     confirm = {"role": "user", "content": "Confirm the answer."}
     await _ask(client, [*shortened, {"role": "assistant", "content": text}, confirm], stream=True)
     return text
+
+
+def _tool_turn(text: str, calls: list[ParsedCall]) -> list[dict[str, Any]]:
+    """The model's tool-calling turn ``text`` and the user turn answering its ``calls`` (each
+    call's result, or why it is malformed, one a line)."""
+    results = [
+        f"error: malformed tool call: {c.reason}"
+        if isinstance(c, MalformedCall)
+        else call_tool(CALCULATOR, c.arguments, TOOL_TIMEOUT_S).text
+        for c in calls
+    ]
+    return [
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": "\n".join(r.strip() for r in results)},
+    ]
 
 
 async def _ask(client: Any, messages: list[dict[str, Any]], *, stream: bool) -> str:

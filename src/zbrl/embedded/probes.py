@@ -38,42 +38,33 @@ def generate_responses(
     """Decoded responses (special tokens dropped) for each row; ``temperature=0`` is greedy."""
     import torch
 
-    with torch.no_grad():
-        return _generate_responses(model, tokenizer, rows, temperature, max_new_tokens, batch_size)
-
-
-def _generate_responses(
-    model: LlamaForCausalLM,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: Sequence[dict],
-    temperature: float,
-    max_new_tokens: int,
-    batch_size: int,
-) -> list[str]:
     was_training = model.training
     model.eval()
     responses: list[str] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        prompts = [
-            tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-            for r in chunk
-        ]
-        enc = tokenizer(
-            prompts,
-            add_special_tokens=False,
-            padding=True,
-            padding_side="left",
-            return_tensors="pt",
-        )
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        out = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            **(sampling if temperature > 0 else {"do_sample": False}),
-        )
-        new_tokens = out[:, enc["input_ids"].shape[1] :]
-        responses += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            prompts = [
+                tokenizer.apply_chat_template(
+                    r["messages"], add_generation_prompt=True, tokenize=False
+                )
+                for r in chunk
+            ]
+            enc = tokenizer(
+                prompts,
+                add_special_tokens=False,
+                padding=True,
+                padding_side="left",
+                return_tensors="pt",
+            )
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                **(sampling if temperature > 0 else {"do_sample": False}),
+            )
+            new_tokens = out[:, enc["input_ids"].shape[1] :]
+            responses += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     model.train(was_training)
     return responses
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +14,7 @@ from typing import Any, Literal
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerBase
 
+from zbrl.embedded.cached_build import CachedBuild
 from zbrl.embedded.tiny_model import save_model_dir
 from zbrl.embedded.tokenizer import EOS_TOKEN, ROLE_TOKENS
 
@@ -60,6 +58,7 @@ def save_reward_model(
 # The embedded reward model, trained to predict correctness (cached like the warm start)
 
 MARKER = "REWARD_MODEL_COMPLETE"
+_CACHE = CachedBuild(MARKER, "reward model", ".rm-")
 _CACHE_VERSION = 4
 """Bump when the training code changes in a way that changes its result."""
 
@@ -136,30 +135,14 @@ def ensure_reward_model(
     """
     s = RewardModelSettings(Path(policy_dir).name, **settings)
     target = reward_model_dir(cache_dir, policy_dir, **settings)
-    if (target / MARKER).is_file():
-        if verbose:
-            print(f"[zbrl] reward model: reusing {target}", flush=True)
-        return target
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    if target.exists():  # an interrupted earlier build
-        shutil.rmtree(target, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix=".rm-", dir=cache_dir))
-    try:
-        summary = _build(s, Path(policy_dir), work, verbose=verbose)
-        (work / MARKER).write_text(json.dumps(summary, indent=2) + "\n")
-        try:
-            os.rename(work, target)
-        except OSError:  # another process finished the same build first
-            if not (target / MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    return _CACHE.ensure(
+        target, lambda work: _build(s, Path(policy_dir), work, verbose=verbose), verbose
+    )
 
 
 def read_reward_model_summary(model_dir: str | Path) -> dict:
     """The settings and held-out figures recorded by :func:`ensure_reward_model`."""
-    return json.loads((Path(model_dir) / MARKER).read_text())
+    return _CACHE.summary(model_dir)
 
 
 def labelled_pairs(

@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from zbrl.embedded.cached_build import CachedBuild
+
 if TYPE_CHECKING:  # imported where a model is trained: a cached warm start is found without them
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 MARKER = "WARM_START_COMPLETE"
+_CACHE = CachedBuild(MARKER, "warm start", ".warm-")
 PROBE_SIZE = 64
 """Train-split problems held back from the warm start's rows to decide when to stop."""
 CHECK_EVERY = 25
@@ -143,30 +143,14 @@ def ensure_warm_start(
     """
     cache_dir = Path(cache_dir)
     target = cache_dir / f"{task.prefix}-{cache_key(task, settings)}"
-    if (target / MARKER).is_file():
-        if verbose:
-            print(f"[zbrl] warm start: reusing {target}", flush=True)
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    if target.exists():  # an interrupted earlier build: no marker, so rebuild it
-        shutil.rmtree(target, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix=".warm-", dir=cache_dir))
-    try:
-        summary = _build(task, settings, work, verbose=verbose)
-        (work / MARKER).write_text(json.dumps(summary, indent=2) + "\n")
-        try:
-            os.rename(work, target)
-        except OSError:  # another process finished the same warm start first
-            if not (target / MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    return _CACHE.ensure(
+        target, lambda work: _build(task, settings, work, verbose=verbose), verbose
+    )
 
 
 def read_warm_start_summary(model_dir: str | Path) -> dict:
     """The settings and measured accuracies recorded by :func:`ensure_warm_start`."""
-    return json.loads((Path(model_dir) / MARKER).read_text())
+    return _CACHE.summary(model_dir)
 
 
 def _build(

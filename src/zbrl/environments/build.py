@@ -37,15 +37,7 @@ def build_environment(cfg: Any) -> Environment:
         except ValueError as e:
             raise ConfigError(str(e)) from None
     cls = import_user_class(cfg.type, "environment.type")
-    try:
-        env = cls(**cfg.options)
-    except TypeError as e:
-        raise ConfigError(f"environment.options do not fit {cfg.type}: {e}") from None
-    except Exception as e:  # the user's class refused its options
-        raise ConfigError(
-            f"environment.options: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
-            "the options or the class"
-        ) from None
+    env = _constructed(cls, cfg.type, cfg.options, "environment.options", "environment.options")
     if not callable(getattr(env, "start", None)):
         raise ConfigError(
             f"environment.type: {cfg.type} has no start(example) method (docs/environments.md)"
@@ -111,15 +103,9 @@ def build_tool(cfg: Any, timeout_s: float) -> Tool:
             backend=cfg.backend,
         )
     cls = import_user_class(cfg.type, "environment.tools[].type")
-    try:
-        tool = cls(**cfg.options)
-    except TypeError as e:
-        raise ConfigError(f"environment.tools: options do not fit {cfg.type}: {e}") from None
-    except Exception as e:  # the user's class refused its options
-        raise ConfigError(
-            f"environment.tools: {cfg.type}(**options) failed ({type(e).__name__}: {e}); fix "
-            "the options or the class"
-        ) from None
+    tool = _constructed(
+        cls, cfg.type, cfg.options, "environment.tools: options", "environment.tools"
+    )
     if cfg.description is not None:
         tool.description = cfg.description
     missing = [a for a in TOOL_ATTRIBUTES if not hasattr(tool, a)]
@@ -166,4 +152,20 @@ def import_user_class(path: str, field: str) -> Any:
         reason = e.__cause__ or e  # the import's own error, when there is one
         raise ConfigError(
             f"{field}: cannot import {path} ({reason}); check the module path"
+        ) from None
+
+
+def _constructed(
+    cls: Any, path: str, options: dict[str, Any], options_field: str, where: str
+) -> Any:
+    """``cls(**options)`` for the user's class at ``path``; options it does not take are a
+    ConfigError naming ``options_field``, any other failure of the class one naming ``where``."""
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise ConfigError(f"{options_field} do not fit {path}: {e}") from None
+    except Exception as e:  # the user's class refused its options
+        raise ConfigError(
+            f"{where}: {path}(**options) failed ({type(e).__name__}: {e}); fix the options or "
+            "the class"
         ) from None

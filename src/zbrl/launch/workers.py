@@ -16,7 +16,24 @@ if TYPE_CHECKING:
     from zbrl.types import EncodedPrompt
 
 
-class ProducerWorker:
+class _RoleShell:
+    """What every shell answers itself from its role."""
+
+    role: Any
+
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (node id, address, host, pid)."""
+        return self.role.placement()
+
+
+class _RunShell(_RoleShell):
+    """A shell whose role runs until the run ends (a producer, a consumer)."""
+
+    def run(self) -> Any:
+        return self.role.run()
+
+
+class ProducerWorker(_RunShell):
     """A Producer in its own process (:class:`zbrl.launch.worker_roles.ProducerRole`, which
     documents the arguments)."""
 
@@ -25,15 +42,8 @@ class ProducerWorker:
 
         self.role = ProducerRole(spec, prompts)
 
-    def placement(self) -> dict[str, Any]:
-        """Where this worker runs (node id, address, host, pid)."""
-        return self.role.placement()
 
-    def run(self) -> Any:
-        return self.role.run()
-
-
-class ConsumerWorker:
+class ConsumerWorker(_RunShell):
     """A Consumer in its own process (:class:`zbrl.launch.worker_roles.ConsumerRole`, which
     documents the arguments)."""
 
@@ -42,15 +52,8 @@ class ConsumerWorker:
 
         self.role = ConsumerRole(spec, prompts)
 
-    def placement(self) -> dict[str, Any]:
-        """Where this worker runs (node id, address, host, pid)."""
-        return self.role.placement()
 
-    def run(self) -> Any:
-        return self.role.run()
-
-
-class EvaluatorWorker:
+class EvaluatorWorker(_RoleShell):
     """The evaluator in its own process (:class:`zbrl.launch.worker_roles.EvaluatorRole`,
     built from a :class:`zbrl.launch.worker_specs.ProducerSpec`)."""
 
@@ -61,10 +64,6 @@ class EvaluatorWorker:
 
     def evaluate(self, step: int, version: int) -> dict[str, dict[str, float]]:
         return self.role.evaluate(step, version)
-
-    def placement(self) -> dict[str, Any]:
-        """Where this worker runs (node id, address, host, pid)."""
-        return self.role.placement()
 
     def close(self) -> None:
         self.role.close()

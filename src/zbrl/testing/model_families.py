@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -46,6 +47,28 @@ def _common(tokenizer: PreTrainedTokenizerBase) -> dict:
     }
 
 
+_ROUTER_LOSS: dict[str, Any] = {"output_router_logits": True, "router_aux_loss_coef": 0.001}
+"""The router's load-balancing loss, on, in every MoE family."""
+
+_MOE: dict[str, Any] = {
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    **_ROUTER_LOSS,
+}
+"""The Qwen MoE layers' sizes: 4 experts, 2 active per token, every layer MoE."""
+
+_LINEAR_ATTENTION: dict[str, Any] = {
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+"""The hybrid Qwen models' gated-delta-net (linear attention) layers."""
+
+
 def qwen3(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     """A dense Qwen3 (q/k norms) of 2 layers."""
     return Qwen3Config(**_common(tokenizer), intermediate_size=128, num_hidden_layers=2)
@@ -56,13 +79,8 @@ def qwen3_moe(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     return Qwen3MoeConfig(
         **_common(tokenizer),
         intermediate_size=128,
-        moe_intermediate_size=32,
         num_hidden_layers=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        output_router_logits=True,
-        router_aux_loss_coef=0.001,
+        **_MOE,
     )
 
 
@@ -74,11 +92,7 @@ def qwen3_5_text(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
         intermediate_size=128,
         num_hidden_layers=4,
         layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
+        **_LINEAR_ATTENTION,
     )
 
 
@@ -90,18 +104,9 @@ def qwen3_next(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
         intermediate_size=128,
         num_hidden_layers=4,
         layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        moe_intermediate_size=32,
+        **_LINEAR_ATTENTION,
         shared_expert_intermediate_size=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        output_router_logits=True,
-        router_aux_loss_coef=0.001,
+        **_MOE,
     )
 
 
@@ -117,8 +122,7 @@ def gpt_oss(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
         sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
-        output_router_logits=True,
-        router_aux_loss_coef=0.001,
+        **_ROUTER_LOSS,
     )
 
 

@@ -144,14 +144,10 @@ def chat_response(
     if message.get("tool_calls"):
         wire["tool_calls"] = [_wire_call(c) for c in message["tool_calls"]]
         finish = "tool_calls" if finish == "stop" else finish
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": wire, "finish_reason": finish, "logprobs": None}],
-        "usage": _usage(prompt_tokens, completion_tokens),
-    }
+    choice = {"index": 0, "message": wire, "finish_reason": finish, "logprobs": None}
+    return _completion(
+        "chatcmpl", "chat.completion", model, choice, prompt_tokens, completion_tokens
+    )
 
 
 def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -163,12 +159,25 @@ def text_response(
     model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
     """A ``text_completion`` object."""
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    return _completion("cmpl", "text_completion", model, choice, prompt_tokens, completion_tokens)
+
+
+def _completion(
+    id_prefix: str,
+    kind: str,
+    model: str,
+    choice: dict[str, Any],
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    """A completion object of ``kind`` with its one ``choice`` (a fresh id, the time, usage)."""
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [choice],
         "usage": _usage(prompt_tokens, completion_tokens),
     }
 

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
+from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
+
 NamedTensors = Mapping[str, torch.Tensor]
 """Tensors by their name in the trained model's ``state_dict``."""
 
@@ -89,7 +91,19 @@ class BackgroundSender:
     failure = "weight sending"
     """What failed, in the error message ("{failure} failed: ...")."""
 
-    def __init__(self, thread_name: str) -> None:
+    def __init__(
+        self,
+        thread_name: str,
+        store: Any,
+        recorder: SpanRecorder | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        """``store``: the transport's weight store client; ``recorder``: where the
+        ``publish_weights`` spans go (None: nowhere); ``dtype``: the receivers' inference dtype,
+        that floating-point tensors are cast to as they are staged (None: sent as given)."""
+        self._store = store
+        self._recorder = recorder
+        self._dtype = dtype
         self._cond = threading.Condition()
         self._pending: Any = None
         self._sent_version = -1
@@ -99,6 +113,22 @@ class BackgroundSender:
 
     def _send_loop(self) -> None:
         raise NotImplementedError
+
+    def _record_publish(
+        self, start: float, version: int, nbytes: int, thread: str = "weights", **extra: Any
+    ) -> None:
+        """The ``publish_weights`` span of ``version`` (``nbytes`` sent), from ``start`` to
+        now."""
+        if self._recorder is not None:
+            self._recorder.record(
+                PUBLISH_WEIGHTS,
+                start,
+                time.time(),
+                thread=thread,
+                version=version,
+                bytes=nbytes,
+                **extra,
+            )
 
     def flush(self, timeout: float = 120.0) -> None:
         """Wait until the newest staged version has been sent."""
@@ -124,3 +154,10 @@ class BackgroundSender:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"{self.failure} failed: {self._error!r}") from self._error
+
+    def _keep_error(self, exc: BaseException) -> None:
+        """Keep ``exc`` as the sender's error (raised by the next publish or flush) and wake
+        every waiter."""
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()

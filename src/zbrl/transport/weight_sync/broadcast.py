@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 
-from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.transport.weight_sync.buckets import Layout, flatten_into, plan_layout, unflatten
 from zbrl.transport.weight_sync.object_store import ObjectStoreReceiver
@@ -251,11 +251,8 @@ class BroadcastPublisher(BackgroundSender):
         """``dtype``: the receivers' inference dtype; floating-point tensors are cast to it as
         they are staged (None: sent as given)."""
         check_bindable(settings.address)
-        super().__init__("weight-broadcast")
-        self._store = store
+        super().__init__("weight-broadcast", store, recorder, dtype)
         self._s = settings
-        self._recorder = recorder
-        self._dtype = dtype
         self._layout: Layout | None = None
         self._spare: torch.Tensor | None = None  # a sent, superseded staging buffer to reuse
         self._pending: _Staged | None = None
@@ -285,9 +282,7 @@ class BroadcastPublisher(BackgroundSender):
         try:
             self._loop()
         except BaseException as exc:  # surfaced on the next publish/flush
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            self._keep_error(exc)
 
     def _loop(self) -> None:
         group: Collective | None = None
@@ -363,15 +358,7 @@ class BroadcastPublisher(BackgroundSender):
         start = time.time()
         group.header(VERSION, staged.version, staged.published_at)
         group.send_flat(staged.flat, staged.layout)
-        if self._recorder is not None:
-            self._recorder.record(
-                PUBLISH_WEIGHTS,
-                start,
-                time.time(),
-                thread="weights",
-                version=staged.version,
-                bytes=staged.layout.total_bytes,
-            )
+        self._record_publish(start, staged.version, staged.layout.total_bytes)
 
     def _end(self, group: Collective) -> None:
         with contextlib.suppress(Exception):  # members that are gone will notice on their own
@@ -486,9 +473,7 @@ class BroadcastReceiver(ObjectStoreReceiver):
                 finally:
                     group.close()
         except BaseException as exc:
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            self._keep_error(exc)
 
     def _join(self, info: GroupInfo) -> Collective | None:
         s = self._s

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from zbrl.telemetry.spans import PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
 from zbrl.transport.weight_sync.buckets import Layout, flatten_into, plan_buckets, unflatten
@@ -133,10 +133,7 @@ class CudaIpcPublisher(BackgroundSender):
         exported and where this process is (tests replace both)."""
         if buffers < 2:
             raise ValueError(f"transport.weight_sync.buffers must be >= 2, got {buffers}")
-        super().__init__("weight-handoff")
-        self._store = store
-        self._recorder = recorder
-        self._dtype = dtype
+        super().__init__("weight-handoff", store, recorder, dtype)
         self._bucket_bytes = bucket_bytes
         self._max_sets = buffers
         self._release_timeout_s = release_timeout_s
@@ -330,17 +327,9 @@ class CudaIpcPublisher(BackgroundSender):
             fallback,
         )
         announced = self._store.announce(WeightsMessage(staged.version, staged.staged_at, handoff))
-        if self._recorder is not None:
-            nbytes = handoff.nbytes if staged.copy is None else payload_bytes(staged.copy)
-            self._recorder.record(
-                PUBLISH_WEIGHTS,
-                start,
-                time.time(),
-                thread="weights",
-                version=staged.version,
-                bytes=nbytes,
-                ipc_receivers=sum(route.kind == CUDA_IPC for route in routes.values()),
-            )
+        nbytes = handoff.nbytes if staged.copy is None else payload_bytes(staged.copy)
+        ipc_receivers = sum(route.kind == CUDA_IPC for route in routes.values())
+        self._record_publish(start, staged.version, nbytes, ipc_receivers=ipc_receivers)
         return announced
 
     def _routes(self, source: Endpoint) -> dict[str, Route]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from zbrl.telemetry.spans import LOAD_WEIGHTS, MAIN_THREAD, PUBLISH_WEIGHTS, SpanRecorder
+from zbrl.telemetry.spans import LOAD_WEIGHTS, MAIN_THREAD, SpanRecorder
 from zbrl.transport.clients import WeightStoreClient
 from zbrl.transport.handles import Pending
 from zbrl.transport.weight_sync.base import BackgroundSender, NamedTensors
@@ -79,10 +79,7 @@ class ObjectStorePublisher(BackgroundSender):
         send_on_caller_max_bytes: int = SEND_ON_CALLER_MAX_BYTES,
     ) -> None:
         """``send_on_caller_max_bytes``: 0 sends every version from the background thread."""
-        super().__init__("weight-publisher")
-        self._store = store
-        self._recorder = recorder
-        self._dtype = dtype
+        super().__init__("weight-publisher", store, recorder, dtype)
         self._send_on_caller_max_bytes = send_on_caller_max_bytes
         self._announcing: Pending | None = None
         """The announcement last sent from the calling thread, until it is settled."""
@@ -115,7 +112,7 @@ class ObjectStorePublisher(BackgroundSender):
             self._announcing = self._store.announce_without_waiting(message)
         except Exception as exc:
             raise self._failed(exc) from exc
-        self._record(version, staged, start, MAIN_THREAD)
+        self._record_publish(start, version, payload_bytes(staged), thread=MAIN_THREAD)
         with self._cond:
             self._sent_version = max(self._sent_version, version)
             self._cond.notify_all()
@@ -128,9 +125,7 @@ class ObjectStorePublisher(BackgroundSender):
 
     def _failed(self, exc: Exception) -> RuntimeError:
         """Keep ``exc`` as the publisher's error; returns the error to raise."""
-        with self._cond:
-            self._error = exc
-            self._cond.notify_all()
+        self._keep_error(exc)
         return RuntimeError(f"{self.failure} failed: {exc!r}")
 
     def flush(self, timeout: float = 120.0) -> None:
@@ -169,20 +164,7 @@ class ObjectStorePublisher(BackgroundSender):
         start = time.time()
         payload = self._store.put_payload(staged)
         self._store.announce(WeightsMessage(version, staged_at, payload))
-        self._record(version, staged, start, "weights")
-
-    def _record(
-        self, version: int, staged: dict[str, torch.Tensor], start: float, thread: str
-    ) -> None:
-        if self._recorder is not None:
-            self._recorder.record(
-                PUBLISH_WEIGHTS,
-                start,
-                time.time(),
-                thread=thread,
-                version=version,
-                bytes=payload_bytes(staged),
-            )
+        self._record_publish(start, version, payload_bytes(staged))
 
 
 class ObjectStoreReceiver:
@@ -272,10 +254,15 @@ class ObjectStoreReceiver:
             try:
                 self._fetch_newer()
             except BaseException as exc:
-                with self._cond:
-                    self._error = exc
-                    self._cond.notify_all()
+                self._keep_error(exc)
                 return
+
+    def _keep_error(self, exc: BaseException) -> None:
+        """Keep ``exc`` as the receiver's error (raised by the next call) and wake every
+        waiter."""
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
 
     def _fetch_newer(self) -> None:
         """Long-poll the store (at most ``poll_interval_s`` per call; the announcement comes
