@@ -2,6 +2,7 @@
 policy; every call's tokens are recorded per episode, token-exact, and a request that rewrites the
 episode's history is refused and counted."""
 
+import contextlib
 import json
 import logging
 import socket
@@ -32,22 +33,32 @@ def calc_then_answer(context, sample):
     return f"<answer>{turns[-1].split('<|end|>')[0]}</answer>"
 
 
+@contextlib.contextmanager
+def serving(backend, tokenizer=TOKENIZER, *, max_new_tokens=40, max_batch=3):
+    """An endpoint on ``tokenizer`` whose calls a background thread answers with ``backend``
+    (``max_batch`` calls at a time), stopped on exit."""
+    endpoint = Endpoint(Renderer(tokenizer, {EOS}), SETTINGS, "policy")
+    endpoint.episode_params = sampling_params(n=1, temperature=1.0, max_new_tokens=max_new_tokens)
+    endpoint.start()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=serve_calls, args=(endpoint.queue, backend.generate, max_batch, stop), daemon=True
+    )
+    thread.start()
+    try:
+        yield endpoint
+    finally:
+        stop.set()
+        thread.join()
+        endpoint.stop()
+
+
 @pytest.fixture
 def served():
     """An endpoint whose calls a background thread answers with a scripted backend."""
     backend = ScriptedBackend(calc_then_answer)
-    endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
-    endpoint.episode_params = sampling_params(n=1, temperature=1.0, max_new_tokens=40)
-    endpoint.start()
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=serve_calls, args=(endpoint.queue, backend.generate, 3, stop), daemon=True
-    )
-    thread.start()
-    yield endpoint, backend
-    stop.set()
-    thread.join()
-    endpoint.stop()
+    with serving(backend) as endpoint:
+        yield endpoint, backend
 
 
 def client(endpoint, key):

@@ -3,18 +3,14 @@ text and item input, instructions, function tools and their outputs, ``previous_
 within an episode, streaming; recorded on the same token-exact episode record as chat."""
 
 import json
-import threading
 
 import openai
 import pytest
 from endpoint_templates import tokenizer
-from episode_stubs import EOS, ScriptedBackend
-from role_settings import sampling_params
-from test_endpoint import SETTINGS
+from episode_stubs import ScriptedBackend
+from test_endpoint import serving
 
-from zbrl.rollout.endpoint.calls import serve_calls
-from zbrl.rollout.endpoint.conversation import Renderer
-from zbrl.rollout.endpoint.server import Endpoint, EpisodeBudget
+from zbrl.rollout.endpoint.server import EpisodeBudget
 
 TOKENIZER = tokenizer()
 CALC = {
@@ -38,18 +34,8 @@ def call_then_answer(context, sample):
 def served():
     backend = ScriptedBackend(call_then_answer)
     backend.tokenizer = TOKENIZER
-    endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
-    endpoint.episode_params = sampling_params(n=1, temperature=1.0, max_new_tokens=200)
-    endpoint.start()
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=serve_calls, args=(endpoint.queue, backend.generate, 2, stop), daemon=True
-    )
-    thread.start()
-    yield endpoint, backend
-    stop.set()
-    thread.join()
-    endpoint.stop()
+    with serving(backend, TOKENIZER, max_new_tokens=200, max_batch=2) as endpoint:
+        yield endpoint, backend
 
 
 def _client(endpoint, key):

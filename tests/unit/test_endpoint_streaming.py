@@ -5,34 +5,18 @@ non-streaming episode records."""
 import json
 
 import pytest
-from episode_stubs import EOS, TOKENIZER, ScriptedBackend
-from role_settings import sampling_params
-from test_endpoint import SETTINGS, calc_then_answer, client
+from episode_stubs import ScriptedBackend
+from test_endpoint import calc_then_answer, client, serving
 
 from zbrl.rollout.endpoint import streaming
-from zbrl.rollout.endpoint.calls import serve_calls
-from zbrl.rollout.endpoint.conversation import Renderer
 from zbrl.rollout.endpoint.openai_api import assistant_message, chat_response
-from zbrl.rollout.endpoint.server import Endpoint, EpisodeBudget
+from zbrl.rollout.endpoint.server import EpisodeBudget
 
 
 @pytest.fixture
 def served():
-    import threading
-
-    backend = ScriptedBackend(calc_then_answer)
-    endpoint = Endpoint(Renderer(TOKENIZER, {EOS}), SETTINGS, "policy")
-    endpoint.episode_params = sampling_params(n=1, temperature=1.0, max_new_tokens=40)
-    endpoint.start()
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=serve_calls, args=(endpoint.queue, backend.generate, 3, stop), daemon=True
-    )
-    thread.start()
-    yield endpoint
-    stop.set()
-    thread.join()
-    endpoint.stop()
+    with serving(ScriptedBackend(calc_then_answer)) as endpoint:
+        yield endpoint
 
 
 def _episode(endpoint, stream_second):
